@@ -1,0 +1,321 @@
+"""Emit the four definitions of one lifted differentiator.
+
+Takes a `Lifted` record; returns libcst statements for `f_forward`, `f_backward`,
+`FFunction` and the op `f` (DESIGN section 4). The user's own statements are moved as
+nodes, so their comments and formatting survive; the fixed-shape parts are small parsed
+snippets. Invariant: forward computes every value once; `setup_context` only unpacks and
+saves; every saved tensor that is not promoted is marked non-differentiable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from s2sgrad.codegen import docs
+from s2sgrad.lift import Lifted, Saved
+from s2sgrad.names import NameAllocator
+
+#: Attributes of autograd's ctx that a saved value must not overwrite.
+_CTX_API = {
+    "saved_tensors",
+    "needs_input_grad",
+    "mark_dirty",
+    "mark_non_differentiable",
+    "save_for_backward",
+    "set_materialize_grads",
+    "materialize_grads",
+    "saved_variables",
+    "to_save",
+    "dirty_tensors",
+    "non_differentiable",
+    "save_for_forward",
+    "next_functions",
+    "metadata",
+    "name",
+    "register_hook",
+    "register_prehook",
+    "apply",
+    "apply_jvp",
+}
+
+
+@dataclass(frozen=True)
+class Names:
+    """Module-level names generated for one differentiator."""
+
+    forward: str
+    backward: str
+    function: str
+    op: str
+
+    @classmethod
+    def of(cls, name: str) -> Names:
+        stem = name.lstrip("_")
+        camel = "".join(part[:1].upper() + part[1:] for part in stem.split("_"))
+        prefix = "_" * (len(name) - len(stem))
+        return cls(
+            f"{name}_forward", f"{name}_backward", f"{prefix}{camel}Function", name
+        )
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def _doc(text: str, indent: str = "    ") -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine(
+        [cst.Expr(cst.SimpleString(docs.docstring(text, indent)))]
+    )
+
+
+def _tuple(items: list[str]) -> str:
+    if len(items) == 1:
+        return f"({items[0]},)"
+    return f"({', '.join(items)})"
+
+
+def _targets(items: list[str]) -> str:
+    return f"({items[0]},)" if len(items) == 1 else ", ".join(items)
+
+
+def _suite_statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    assert isinstance(suite, cst.SimpleStatementSuite)
+    return [cst.SimpleStatementLine(list(suite.body))]
+
+
+def emit(lifted: Lifted, path: str) -> list[cst.BaseStatement]:
+    names = Names.of(lifted.source.name)
+    return [
+        forward_def(lifted, names, path),
+        backward_def(lifted, names, path),
+        function_class(lifted, names),
+        op_def(lifted, names),
+    ]
+
+
+def forward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
+    diff = lifted.source
+    result = _code(diff.result)
+    context = _tuple([s.expression for s in lifted.context]) if lifted.context else "()"
+    ret = cst.parse_statement(f"return {result}, {context}\n")
+    body = [_doc(docs.forward_doc(lifted, path)), *diff.statements, ret]
+    return cst.FunctionDef(
+        name=cst.Name(names.forward),
+        params=diff.forward.params,
+        body=cst.IndentedBlock(body),
+        leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
+    )
+
+
+def backward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
+    diff = lifted.source
+    ctx = NameAllocator(lifted.taken).fresh("ctx")
+    body: list[cst.BaseStatement] = [_doc(docs.backward_doc(lifted, path))]
+    if lifted.context:
+        unpack = _targets([s.name for s in lifted.context])
+        body.append(cst.parse_statement(f"{unpack} = {ctx}\n"))
+    body += _suite_statements(lifted.backward_body)
+    params = diff.backward.params.with_changes(
+        params=[cst.Param(cst.Name(ctx)), *diff.backward.params.params]
+    )
+    return cst.FunctionDef(
+        name=cst.Name(names.backward),
+        params=params,
+        body=cst.IndentedBlock(body),
+        leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
+    )
+
+
+class _FunctionWriter:
+    """Write the `torch.autograd.Function` subclass as source text."""
+
+    def __init__(self, lifted: Lifted, names: Names) -> None:
+        self.lifted = lifted
+        self.names = names
+        diff = lifted.source
+        self.params = [p.name for p in diff.params]
+        self.multi = diff.tuple_result
+        taken = set(lifted.taken) | set(self.params)
+        alloc = NameAllocator(taken)
+        self.ctx = alloc.fresh("ctx")
+        self.inputs = alloc.fresh("inputs")
+        self.output = alloc.fresh("output")
+        self.result = alloc.fresh("result")
+        self.grads = self._grad_names(alloc)
+        self.meta = [alloc.fresh(n) for n in ("shape", "dtype", "device")]
+        self.outputs = [
+            (
+                o.value
+                if isinstance(o, cst.Name) and o.value not in self.params
+                else alloc.fresh(f"output_{i}")
+            )
+            for i, o in enumerate(diff.outputs)
+        ]
+        self.attrs = {
+            s.name: (f"saved_{s.name}" if s.name in _CTX_API else s.name)
+            for s in lifted.context
+            if not s.tensor
+        }
+
+    def _grad_names(self, alloc: NameAllocator) -> list[str]:
+        grads = list(self.lifted.source.grad_params)
+        for grad in grads:
+            alloc.taken.add(grad)
+        return grads + [alloc.fresh(f"grad_{s.name}") for s in self.lifted.extras]
+
+    def write(self) -> str:
+        doc = docs.docstring(docs.function_doc(self.lifted), "    ")
+        parts = [
+            f"class {self.names.function}(torch.autograd.Function):",
+            f"    {doc}",
+            "",
+            *self._indent(self.forward()),
+            "",
+            *self._indent(self.setup_context()),
+            "",
+            *self._indent(self.backward()),
+        ]
+        return "\n".join(parts) + "\n"
+
+    @staticmethod
+    def _indent(lines: list[str]) -> list[str]:
+        return [("    " + line) if line else "" for line in lines]
+
+    def forward(self) -> list[str]:
+        call = f"{self.names.forward}({', '.join(self.params)})"
+        head = ["@staticmethod", f"def forward({', '.join(self.params)}):"]
+        extras = self.lifted.extras
+        if not extras:
+            return head + [f"    return {call}[0]"]
+        targets = [s.name if s in extras else "_" for s in self.lifted.context]
+        result = f"*{self.result}" if self.multi else self.result
+        return head + [
+            f"    {self.result}, {_tuple(targets)} = {call}",
+            f"    return {result}, {', '.join(s.name for s in extras)}",
+        ]
+
+    def _value(self, saved: Saved) -> str:
+        """Return the setup_context expression for one context entry."""
+        if saved.kind == "output" and not self.multi and not self.lifted.extras:
+            return self.output
+        if saved.kind == "output":
+            assert saved.index is not None
+            return self.outputs[saved.index]
+        return saved.name
+
+    def setup_context(self) -> list[str]:
+        lines = [
+            "@staticmethod",
+            f"def setup_context({self.ctx}, {self.inputs}, {self.output}):",
+        ]
+        context = self.lifted.context
+        wanted = {s.name for s in context if s.kind == "input"}
+        if wanted:
+            targets = [p if p in wanted else "_" for p in self.params]
+            lines.append(f"    {_targets(targets)} = {self.inputs}")
+        if self.multi or self.lifted.extras:
+            needed = {s.index for s in context if s.kind == "output"}
+            outs = [
+                o if i in needed or self.multi else "_"
+                for i, o in enumerate(self.outputs)
+            ]
+            targets = outs + [s.name for s in self.lifted.extras]
+            lines.append(f"    {_targets(targets)} = {self.output}")
+        frozen = [s.name for s in self.lifted.extras if s.tensor and not s.promoted]
+        if frozen:
+            lines.append(f"    {self.ctx}.mark_non_differentiable({', '.join(frozen)})")
+        tensors = [self._value(s) for s in context if s.tensor]
+        if tensors:
+            lines.append(f"    {self.ctx}.save_for_backward({', '.join(tensors)})")
+        for saved in context:
+            if not saved.tensor:
+                lines.append(
+                    f"    {self.ctx}.{self.attrs[saved.name]} = {self._value(saved)}"
+                )
+        if self.multi:
+            for out in self.outputs:
+                lines.append(
+                    f"    {self.ctx}.{out}_like = {out}.shape, {out}.dtype, {out}.device"
+                )
+        lines.append(f"    {self.ctx}.set_materialize_grads(False)")
+        return lines
+
+    def backward(self) -> list[str]:
+        lines = ["@staticmethod"]
+        if self.lifted.once_differentiable:
+            lines.append("@once_differentiable")
+        lines.append(f"def backward({self.ctx}, {', '.join(self.grads)}):")
+        n_params = len(self.params)
+        nones = ", ".join(["None"] * n_params) + ("," if n_params == 1 else "")
+        user = self.lifted.source.grad_params
+        if self.multi:
+            none_test = " and ".join(f"{g} is None" for g in user)
+            lines += [f"    if {none_test}:", f"        return {nones}"]
+            for grad, out in zip(user, self.outputs, strict=True):
+                lines += [
+                    f"    if {grad} is None:",
+                    f"        {', '.join(self.meta)} = {self.ctx}.{out}_like",
+                    f"        {grad} = torch.zeros({self.meta[0]}, dtype={self.meta[1]}, "
+                    f"device={self.meta[2]})",
+                ]
+        tensors = [s.name for s in self.lifted.context if s.tensor]
+        if tensors:
+            lines.append(f"    {_targets(tensors)} = {self.ctx}.saved_tensors")
+        ctx_items = [
+            s.name if s.tensor else f"{self.ctx}.{self.attrs[s.name]}"
+            for s in self.lifted.context
+        ]
+        ctx_value = _tuple(ctx_items) if ctx_items else "()"
+        call = f"{self.names.backward}({ctx_value}, {', '.join(user)})"
+        lines += self._return(call, nones)
+        return lines
+
+    def _return(self, call: str, nones: str) -> list[str]:
+        """Return gradients, with None for inputs that cannot take one."""
+        diff = self.lifted.source
+        fixed = [
+            i
+            for i, p in enumerate(diff.params)
+            if p.gets_gradient
+            and self.lifted.values.get(p.name) is not None
+            and self.lifted.values[p.name].tensor is False
+        ]
+        bare_none = diff.returns_bare_none and len(self.params) > 1
+        if not fixed and not bare_none:
+            return [f"    return {call}"]
+        lines = [f"    grads = {call}"]
+        if bare_none:
+            lines += ["    if grads is None:", f"        return {nones}"]
+        if fixed:
+            items = [
+                "None" if i in fixed else f"grads[{i}]" for i in range(len(self.params))
+            ]
+            lines.append(f"    return {', '.join(items)}")
+        else:
+            lines.append("    return grads")
+        return lines
+
+
+def function_class(lifted: Lifted, names: Names) -> cst.BaseStatement:
+    text = _FunctionWriter(lifted, names).write()
+    statement = cst.parse_module(text).body[0]
+    return statement.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+
+
+def op_def(lifted: Lifted, names: Names) -> cst.FunctionDef:
+    diff = lifted.source
+    args = ", ".join(p.name for p in diff.params)
+    call = f"{names.function}.apply({args})"
+    if lifted.extras:
+        call += f"[:{len(diff.outputs)}]" if diff.tuple_result else "[0]"
+    body = [_doc(docs.op_doc(lifted)), cst.parse_statement(f"return {call}\n")]
+    return cst.FunctionDef(
+        name=cst.Name(names.op),
+        params=diff.forward.params,
+        body=cst.IndentedBlock(body),
+        leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
+    )

@@ -1,0 +1,69 @@
+"""User-facing errors as values.
+
+A `Diagnostic` names a stable code, a message, where in the source it points and, when
+one helps, a hint. The engine raises `TransformError` carrying diagnostics; only the
+edges (the CLI and the import hook) turn them into text and exit codes. Codes are stable
+and documented in docs/errors.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Every code s2sgrad reports, with a one-line title. docs/errors.md documents each.
+CODES: dict[str, str] = {
+    "S2S001": "syntax error",
+    "S2S002": "source is not valid UTF-8",
+    "S2S003": "no differentiators found",
+    "S2S004": "cannot read the source file",
+    "S2S101": "return before the end of the forward function",
+    "S2S102": "nonlocal or global statement",
+    "S2S103": "in-place mutation of a captured value",
+    "S2S104": "generator or async code",
+    "S2S105": "backward escapes other than through the final return",
+    "S2S106": "backward is not returned",
+    "S2S107": "backward arity does not match the outputs",
+    "S2S108": "wrong number of returned gradients",
+    "S2S109": "lambda used as backward",
+    "S2S110": "variadic or keyword-only parameters in backward, or variadic forward",
+    "S2S111": "backward is defined more than once",
+    "S2S112": "undefined name",
+    "S2S113": "decorated backward",
+    "S2S114": "generated name collides with a name in the source module",
+    "S2S115": "helpers used, but the source is not an importable module",
+}
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One located user error: `path:line:col: error[code]: message`."""
+
+    code: str
+    message: str
+    path: str
+    line: int
+    column: int  # 1-based, as editors and compilers print it
+    source_line: str = ""
+    hint: str | None = None
+
+    def render(self) -> str:
+        """Return the compiler-style text: header, source line, caret, hint."""
+        head = (
+            f"{self.path}:{self.line}:{self.column}: error[{self.code}]: {self.message}"
+        )
+        parts = [head]
+        if self.source_line:
+            text = self.source_line.rstrip("\n").expandtabs(1)
+            parts.append(f"    {text}")
+            parts.append("    " + " " * (self.column - 1) + "^")
+        if self.hint:
+            parts.append(f"  hint: {self.hint}")
+        return "\n".join(parts)
+
+
+class TransformError(Exception):
+    """A user error in the input: carries at least one diagnostic."""
+
+    def __init__(self, diagnostics: list[Diagnostic]) -> None:
+        super().__init__("\n".join(d.render() for d in diagnostics))
+        self.diagnostics = tuple(diagnostics)

@@ -1,0 +1,14 @@
+"""Frontend: source text to checked `Differentiator` records (see `parse`)."""
+
+from s2sgrad.frontend.model import Capture, Differentiator, Param, ParsedModule, Use
+from s2sgrad.frontend.parse import decode_source, parse
+
+__all__ = [
+    "Capture",
+    "Differentiator",
+    "Param",
+    "ParsedModule",
+    "Use",
+    "decode_source",
+    "parse",
+]

@@ -1,0 +1,210 @@
+"""Lambda lifting: captures, their kinds, the context tuple, promotion decisions.
+
+Takes a checked `Differentiator`; returns a `Lifted` record that says, for every value
+backward reads from forward, what kind it is (DESIGN section 2), how forward computes it
+for the context, how the `autograd.Function` keeps it (`save_for_backward` or a `ctx`
+attribute) and whether it is promoted to an extra output. Invariant: the context holds
+the captures in order of first reference in backward, each read at its last binding in
+forward (Python's late binding), and backward's body reads exactly those names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import libcst as cst
+
+from s2sgrad.frontend.model import Capture, Differentiator, Use
+from s2sgrad.names import NameAllocator
+from s2sgrad.options import Options
+from s2sgrad.values import Value, forward_values
+
+Kind = Literal["input", "output", "temporary", "constant", "metadata"]
+
+_METADATA_CODE = {
+    "shape": "{}.shape",
+    "dim": "{}.dim()",
+    "dtype": "{}.dtype",
+    "device": "{}.device",
+    "numel": "{}.numel()",
+}
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One entry of the context tuple."""
+
+    #: The name backward reads (the capture's name, or `x_shape` for metadata).
+    name: str
+    #: The forward name it comes from.
+    source: str
+    kind: Kind
+    #: Forward expression that computes the entry at the end of forward.
+    expression: str
+    #: Saved with `save_for_backward` (a tensor) rather than as a `ctx` attribute.
+    tensor: bool
+    #: Promoted to an extra output whose gradient backward takes as `grad_<name>`.
+    promoted: bool
+    #: Position among the forward parameters (inputs) or outputs (outputs).
+    index: int | None
+    #: Line of the first read in backward.
+    line: int
+
+
+@dataclass(frozen=True)
+class Lifted:
+    """A differentiator with its closure turned into an explicit context."""
+
+    source: Differentiator
+    context: tuple[Saved, ...]
+    #: backward's body with metadata reads rewritten to the saved names.
+    backward_body: cst.BaseSuite
+    #: Forward values at the end of forward (tensor-ness, differentiability).
+    values: Mapping[str, Value]
+    #: Names taken in the lifted functions; later stages allocate from these.
+    taken: frozenset[str]
+    #: Whether a temporary is saved without promotion, so double backward must raise.
+    once_differentiable: bool
+
+    @property
+    def extras(self) -> tuple[Saved, ...]:
+        """Context entries that forward must pass to `setup_context` as outputs."""
+        return tuple(s for s in self.context if s.kind not in ("input", "output"))
+
+
+def lift(diff: Differentiator, options: Options) -> Lifted:
+    """Classify the captures of `diff` and build its context."""
+    values = forward_values(diff.params, diff.statements, diff.qualified_names)
+    rebound = _rebound_names(diff)
+    names = NameAllocator(diff.local_names | set(diff.grad_params))
+    entries: list[tuple[tuple[int, int], Saved]] = []
+    replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
+    for capture in diff.captures:
+        if capture.metadata_only:
+            entries += _metadata_entries(capture, names, replacements)
+        else:
+            saved = _classify(diff, capture, values, rebound)
+            entries.append(((capture.uses[0].line, capture.uses[0].column), saved))
+    context = tuple(s for _, s in sorted(entries, key=lambda e: e[0]))
+    body = diff.backward.body.visit(_Replace(replacements))
+    assert isinstance(body, cst.BaseSuite)
+    once = any(s.kind == "temporary" and not s.promoted for s in context)
+    return Lifted(diff, context, body, values, frozenset(names.taken), once)
+
+
+def _classify(
+    diff: Differentiator,
+    capture: Capture,
+    values: Mapping[str, Value],
+    rebound: set[str],
+) -> Saved:
+    name = capture.name
+    line = capture.uses[0].line
+    value = values.get(name, Value(None, False))
+    params = [p.name for p in diff.params]
+    if name in params and name not in rebound:
+        return Saved(
+            name,
+            name,
+            "input",
+            name,
+            bool(value.tensor),
+            False,
+            params.index(name),
+            line,
+        )
+    outputs = [o.value if isinstance(o, cst.Name) else None for o in diff.outputs]
+    if name in outputs:
+        return Saved(name, name, "output", name, True, False, outputs.index(name), line)
+    kind: Kind = "temporary" if value.diff else "constant"
+    return Saved(name, name, kind, name, bool(value.tensor), False, None, line)
+
+
+def _metadata_entries(
+    capture: Capture,
+    names: NameAllocator,
+    replacements: dict[cst.CSTNode, cst.BaseExpression],
+) -> list[tuple[tuple[int, int], Saved]]:
+    """Save each kind of metadata backward reads once, under `<name>_<kind>`."""
+    entries: list[tuple[tuple[int, int], Saved]] = []
+    given: dict[str, str] = {}
+    for use in capture.uses:
+        assert use.metadata is not None
+        if use.metadata not in given:
+            given[use.metadata] = names.fresh(f"{capture.name}_{use.metadata}")
+            code = _METADATA_CODE[use.metadata].format(capture.name)
+            saved = Saved(
+                given[use.metadata],
+                capture.name,
+                "metadata",
+                code,
+                False,
+                False,
+                None,
+                use.line,
+            )
+            entries.append(((use.line, use.column), saved))
+        replacements[use.expression] = _metadata_read(given[use.metadata], use)
+    return entries
+
+
+def _metadata_read(name: str, use: Use) -> cst.BaseExpression:
+    if use.index is None:
+        return cst.Name(name)
+    return cst.Subscript(cst.Name(name), [cst.SubscriptElement(cst.Index(use.index))])
+
+
+def _rebound_names(diff: Differentiator) -> set[str]:
+    """Names assigned anywhere in forward's own statements."""
+    finder = _Assigned()
+    for statement in diff.statements:
+        statement.visit(finder)
+    return finder.names
+
+
+class _Assigned(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._add(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._add(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._add(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._add(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self._add(node.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._add(node.target)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.names.add(node.name.value)
+        return False
+
+    def _add(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, cst.Name):
+            self.names.add(target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._add(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self._add(target.value)
+
+
+class _Replace(cst.CSTTransformer):
+    """Replace given original nodes (by identity) with new expressions."""
+
+    def __init__(self, replacements: Mapping[cst.CSTNode, cst.BaseExpression]) -> None:
+        self.replacements = replacements
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> cst.CSTNode:  # type: ignore[override]
+        return self.replacements.get(original_node, updated_node)

@@ -1,0 +1,28 @@
+"""Collision-free names for generated code.
+
+Generated names come from the user's names (`x_shape`, `grad_t`) and get a numeric
+suffix only on collision, so a generated name never shadows a user's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class NameAllocator:
+    """Hand out names that are not taken, remembering each one given."""
+
+    def __init__(self, taken: Iterable[str]) -> None:
+        self.taken = set(taken)
+
+    def fresh(self, wanted: str) -> str:
+        name, n = wanted, 1
+        while name in self.taken:
+            name = f"{wanted}_{n}"
+            n += 1
+        self.taken.add(name)
+        return name
+
+    def child(self) -> NameAllocator:
+        """Return an allocator for an inner scope that starts from these names."""
+        return NameAllocator(self.taken)

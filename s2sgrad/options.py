@@ -1,0 +1,28 @@
+"""The one frozen options object of a conversion, and its cache key.
+
+Options are plain data: the CLI and the import hook build them (from flags and
+`[tool.s2sgrad]`); the engine only reads them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Policy = Literal["promote", "first-order", "recompute"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What changes the generated text, and nothing else."""
+
+    policy: Policy = "promote"
+    line_length: int = 88
+    suffix: str = "_grad"
+
+    def key(self) -> str:
+        """Return a stable digest of every option, for caches."""
+        text = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]

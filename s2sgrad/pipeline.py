@@ -1,0 +1,43 @@
+"""The engine: source text and options in, generated module text out.
+
+Pure: reads no files and no environment. The CLI and the import hook both call
+`convert`, so they produce byte-identical modules for the same input.
+"""
+
+from __future__ import annotations
+
+from s2sgrad.codegen import Origin, generate
+from s2sgrad.diagnostics import Diagnostic, TransformError
+from s2sgrad.frontend import parse
+from s2sgrad.lift import lift
+from s2sgrad.options import Options
+
+
+def convert(source: str, origin: Origin, options: Options) -> str:
+    """Return the generated module for `source`, or raise `TransformError`."""
+    parsed = parse(source, origin.display_path)
+    if not parsed.differentiators:
+        raise TransformError(
+            [
+                Diagnostic(
+                    "S2S003",
+                    "no differentiators found",
+                    origin.display_path,
+                    1,
+                    1,
+                    "",
+                    "a differentiator ends with `return result, backward` where "
+                    "backward is a nested def",
+                ),
+            ]
+        )
+    lifted = [lift(d, options) for d in parsed.differentiators]
+    return generate(parsed, lifted, options, origin)
+
+
+def has_differentiators(source: str, path: str) -> bool:
+    """Tell whether `source` defines differentiators (errors count as yes)."""
+    try:
+        return bool(parse(source, path).differentiators)
+    except TransformError:
+        return True
