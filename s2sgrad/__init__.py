@@ -1,7 +1,33 @@
-"""s2sgrad: a source-to-source differentiator for closure-style PyTorch gradient rules."""
+"""s2sgrad: a source-to-source differentiator for closure-style PyTorch gradient rules.
 
+The in-process API: `transform` maps source text to the text of the generated module,
+exactly as `s2sgrad convert` writes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from s2sgrad.codegen import Origin
 from s2sgrad.diagnostics import Diagnostic, TransformError
+from s2sgrad.options import Options
+from s2sgrad.pipeline import convert
 
 __version__ = "0.1.0"
 
-__all__ = ["Diagnostic", "TransformError", "__version__"]
+__all__ = ["Diagnostic", "Options", "TransformError", "__version__", "transform"]
+
+
+def transform(
+    source: str,
+    filename: str = "<string>",
+    module_name: str | None = None,
+    **options: Any,
+) -> str:
+    """Return the generated module for `source`; raise `TransformError` on bad input.
+
+    `filename` is shown in the header and in diagnostics; `module_name` is the importable
+    name of the source module, needed only when its differentiators use module-level
+    helpers or constants. Keyword options are the fields of `Options`.
+    """
+    return convert(source, Origin(filename, module_name), Options(**options))

@@ -363,7 +363,7 @@ class Evaluator:
             return Value(True, args.diff)
         if qualified.startswith("torch."):
             return Value(True, args.diff)
-        if isinstance(func, cst.Attribute) and not qualified:
+        if isinstance(func, cst.Attribute):
             receiver = self.expr(func.value)
             name = func.attr.value
             if receiver.tensor is not False:

@@ -186,7 +186,11 @@ class _FunctionWriter:
         return [("    " + line) if line else "" for line in lines]
 
     def forward(self) -> list[str]:
-        call = f"{self.names.forward}({', '.join(self.params)})"
+        args = [
+            f"{p.name}={p.name}" if p.keyword_only else p.name
+            for p in self.lifted.source.params
+        ]
+        call = f"{self.names.forward}({', '.join(args)})"
         head = ["@staticmethod", f"def forward({', '.join(self.params)}):"]
         extras = self.lifted.extras
         if not extras:
@@ -252,9 +256,9 @@ class _FunctionWriter:
         n_params = len(self.params)
         nones = ", ".join(["None"] * n_params) + ("," if n_params == 1 else "")
         user = self.lifted.source.grad_params
+        none_test = " and ".join(f"{g} is None" for g in user)
+        lines += [f"    if {none_test}:", f"        return {nones}"]
         if self.multi:
-            none_test = " and ".join(f"{g} is None" for g in user)
-            lines += [f"    if {none_test}:", f"        return {nones}"]
             for grad, out in zip(user, self.outputs, strict=True):
                 lines += [
                     f"    if {grad} is None:",
