@@ -54,6 +54,36 @@ class Saved:
 
 
 @dataclass(frozen=True)
+class Recompute:
+    """Temporaries backward recomputes from saved inputs, with the reasons."""
+
+    function: str
+    #: Forward parameters the recomputation reads, and the backward names passed.
+    params: tuple[str, ...]
+    args: tuple[str, ...]
+    statements: tuple[cst.BaseStatement, ...]
+    #: Forward names returned, and the backward names they are bound to.
+    returns: tuple[str, ...]
+    targets: tuple[str, ...]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """How backward carries the gradients of promoted temporaries (autodiff's output)."""
+
+    #: (context entry, keyword-only gradient parameter) per promoted temporary.
+    incoming: tuple[tuple[str, str], ...]
+    #: The variables that hold each forward parameter's gradient.
+    results: tuple[str, ...]
+    #: Reverse-mode statements, run after the closure's own backward.
+    blocks: tuple[cst.BaseStatement, ...]
+    #: Accumulators that start at None.
+    inits: tuple[str, ...]
+    recompute: Recompute | None
+
+
+@dataclass(frozen=True)
 class Lifted:
     """A differentiator with its closure turned into an explicit context."""
 
@@ -67,6 +97,10 @@ class Lifted:
     taken: frozenset[str]
     #: Whether a temporary is saved without promotion, so double backward must raise.
     once_differentiable: bool
+    #: Forward statements as emitted (autodiff may add snapshots the VJP reads).
+    forward_statements: tuple[cst.BaseStatement, ...] = ()
+    #: Set by autodiff when temporaries are promoted or recomputed.
+    gradients: Gradients | None = None
 
     @property
     def extras(self) -> tuple[Saved, ...]:
@@ -77,7 +111,7 @@ class Lifted:
 def lift(diff: Differentiator, options: Options) -> Lifted:
     """Classify the captures of `diff` and build its context."""
     values = forward_values(diff.params, diff.statements, diff.qualified_names)
-    rebound = _rebound_names(diff)
+    rebound = rebound_names(diff)
     names = NameAllocator(diff.local_names | set(diff.grad_params))
     entries: list[tuple[tuple[int, int], Saved]] = []
     replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
@@ -91,7 +125,9 @@ def lift(diff: Differentiator, options: Options) -> Lifted:
     body = diff.backward.body.visit(_Replace(replacements))
     assert isinstance(body, cst.BaseSuite)
     once = any(s.kind == "temporary" and not s.promoted for s in context)
-    return Lifted(diff, context, body, values, frozenset(names.taken), once)
+    return Lifted(
+        diff, context, body, values, frozenset(names.taken), once, diff.statements
+    )
 
 
 def _classify(
@@ -156,7 +192,7 @@ def _metadata_read(name: str, use: Use) -> cst.BaseExpression:
     return cst.Subscript(cst.Name(name), [cst.SubscriptElement(cst.Index(use.index))])
 
 
-def _rebound_names(diff: Differentiator) -> set[str]:
+def rebound_names(diff: Differentiator) -> set[str]:
     """Names assigned anywhere in forward's own statements."""
     finder = _Assigned()
     for statement in diff.statements:

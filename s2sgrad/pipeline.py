@@ -6,6 +6,7 @@ Pure: reads no files and no environment. The CLI and the import hook both call
 
 from __future__ import annotations
 
+from s2sgrad.autodiff.plan import differentiate
 from s2sgrad.codegen import Origin, generate
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import parse
@@ -31,7 +32,9 @@ def convert(source: str, origin: Origin, options: Options) -> str:
                 ),
             ]
         )
-    lifted = [lift(d, options) for d in parsed.differentiators]
+    lifted = [
+        differentiate(lift(d, options), options, source) for d in parsed.differentiators
+    ]
     return generate(parsed, lifted, options, origin)
 
 

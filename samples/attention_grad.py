@@ -6,8 +6,14 @@
 
 import math
 import torch
-from torch.autograd.function import once_differentiable
 from samples.attention import _causal_mask, _softmax_backward
+
+
+def _accumulate(total, grad):
+    """Add gradients where None is a gradient known to be zero."""
+    if grad is None:
+        return total
+    return grad if total is None else total + grad
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -16,62 +22,94 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     Lifted from samples/attention.py:17-28.
 
     Context:
-        p: temporary (depends on a differentiable input); saved, not promoted
+        p: temporary of the inputs, promoted: its gradient flows back
         v: input
-        scale: constant (depends on no differentiable input)
+        scale: constant (no differentiable input)
         k: input
         q: input
+        q_dim: metadata `q.dim()`; `q` itself is not kept alive
+        q_shape: metadata `q.shape`; `q` itself is not kept alive
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     scores = q @ k.transpose(-2, -1) * scale
     p = torch.softmax(scores, dim=-1)
-    return p @ v, (p, v, scale, k, q)
+    return p @ v, (p, v, scale, k, q, q.dim(), q.shape)
 
 
-def attention_backward(ctx, grad):
+def attention_backward(ctx, grad, *, grad_p=None):
     """Map the gradient(s) of `attention` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/attention.py:22, with its captures read from `ctx`.
     """
-    p, v, scale, k, q = ctx
-    grad_v = p.transpose(-2, -1) @ grad
-    grad_s = _softmax_backward(p, grad @ v.transpose(-2, -1)) * scale
-    grad_q = grad_s @ k
-    grad_k = grad_s.transpose(-2, -1) @ q
-    return grad_q, grad_k, grad_v
+    p, v, scale, k, q, q_dim, q_shape = ctx
+    grad_q_1 = grad_k_1 = grad_v_1 = None
+    # The closure `backward`, as written.
+    if grad is not None:
+        grad_v = p.transpose(-2, -1) @ grad
+        grad_s = _softmax_backward(p, grad @ v.transpose(-2, -1)) * scale
+        grad_q = grad_s @ k
+        grad_k = grad_s.transpose(-2, -1) @ q
+        grad_q_1, grad_k_1, grad_v_1 = grad_q, grad_k, grad_v
+    grad_scores = None
+    # Gradients of the promoted temporaries, back to the inputs.
+    if grad_p is not None:
+        # line 21: p = torch.softmax(scores, dim=-1)
+        grad_scores = _accumulate(
+            grad_scores, p * (grad_p - (grad_p * p).sum((-1), keepdim=True))
+        )
+    if grad_scores is not None:
+        # line 20: scores = q @ k.transpose(-2, -1) * scale
+        grad_mul = (grad_scores * scale).sum_to_size((q @ k.transpose(-2, -1)).shape)
+        # Promote 1-D operands (and the matching dims of grad) to matrices.
+        x_mat = q.unsqueeze(-2) if q_dim == 1 else q
+        other_mat = (
+            k.transpose(-2, -1).unsqueeze(-1)
+            if k.transpose(-2, -1).ndim == 1
+            else k.transpose(-2, -1)
+        )
+        grad_col = grad_mul.unsqueeze(-1) if k.transpose(-2, -1).ndim == 1 else grad_mul
+        grad_mat = grad_col.unsqueeze(-2) if q_dim == 1 else grad_col
+        grad_x = grad_mat @ other_mat.transpose(-1, -2)
+        grad_other = x_mat.transpose(-1, -2) @ grad_mat
+        grad_q_1 = _accumulate(grad_q_1, grad_x.sum_to_size(q_shape))
+        grad_matmul = (
+            grad_other.squeeze(-1) if k.transpose(-2, -1).ndim == 1 else grad_other
+        ).sum_to_size(k.transpose(-2, -1).shape)
+        grad_k_1 = _accumulate(grad_k_1, grad_matmul.transpose((-2), (-1)))
+    return grad_q_1, grad_k_1, grad_v_1
 
 
 class AttentionFunction(torch.autograd.Function):
     """`attention` as an autograd Function.
 
-    forward also returns p, scale, for setup_context to save.
-
-    backward is once_differentiable: it reads a temporary that is saved but not
-    promoted, so a second-order gradient would silently miss its dependence on
-    the inputs; raising is the honest answer.
+    forward also returns p, scale, q_dim, q_shape, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(q, k, v):
-        result, (p, _, scale, _, _) = attention_forward(q, k, v)
-        return result, p, scale
+        result, (p, _, scale, _, _, q_dim, q_shape) = attention_forward(q, k, v)
+        return result, p, scale, q_dim, q_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         q, k, v = inputs
-        _, p, scale = output
-        ctx.mark_non_differentiable(p)
+        _, p, scale, q_dim, q_shape = output
         ctx.save_for_backward(p, v, k, q)
         ctx.scale = scale
+        ctx.q_dim = q_dim
+        ctx.q_shape = q_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, grad, grad_p, grad_scale):
-        if grad is None:
+    def backward(ctx, grad, grad_p, grad_scale, grad_q_dim, grad_q_shape):
+        if grad is None and grad_p is None:
             return None, None, None
         p, v, k, q = ctx.saved_tensors
-        return attention_backward((p, v, ctx.scale, k, q), grad)
+        return attention_backward(
+            (p, v, ctx.scale, k, q, ctx.q_dim, ctx.q_shape), grad, grad_p=grad_p
+        )
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -85,61 +123,102 @@ def causal_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     Lifted from samples/attention.py:31-41.
 
     Context:
-        p: temporary (depends on a differentiable input); saved, not promoted
+        p: temporary of the inputs, promoted: its gradient flows back
         v: input
-        scale: constant (depends on no differentiable input)
+        scale: constant (no differentiable input)
         k: input
         q: input
+        mask: constant (no differentiable input)
+        q_dim: metadata `q.dim()`; `q` itself is not kept alive
+        q_shape: metadata `q.shape`; `q` itself is not kept alive
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     mask = _causal_mask(q.shape[-2], k.shape[-2], q.device)
     scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask, float("-inf"))
     p = torch.softmax(scores, dim=-1)
-    return p @ v, (p, v, scale, k, q)
+    return p @ v, (p, v, scale, k, q, mask, q.dim(), q.shape)
 
 
-def causal_attention_backward(ctx, grad):
+def causal_attention_backward(ctx, grad, *, grad_p=None):
     """Map the gradient(s) of `causal_attention` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/attention.py:37, with its captures read from `ctx`.
     """
-    p, v, scale, k, q = ctx
-    grad_v = p.transpose(-2, -1) @ grad
-    grad_s = _softmax_backward(p, grad @ v.transpose(-2, -1)) * scale
-    return grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v
+    p, v, scale, k, q, mask, q_dim, q_shape = ctx
+    grad_q = grad_k = grad_v_1 = None
+    # The closure `backward`, as written.
+    if grad is not None:
+        grad_v = p.transpose(-2, -1) @ grad
+        grad_s = _softmax_backward(p, grad @ v.transpose(-2, -1)) * scale
+        grad_q, grad_k, grad_v_1 = grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v
+    grad_scores = None
+    # Gradients of the promoted temporaries, back to the inputs.
+    if grad_p is not None:
+        # line 36: p = torch.softmax(scores, dim=-1)
+        grad_scores = _accumulate(
+            grad_scores, p * (grad_p - (grad_p * p).sum((-1), keepdim=True))
+        )
+    if grad_scores is not None:
+        # line 35: scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask, float("-inf"))
+        grad_masked_fill = grad_scores.masked_fill((~mask), 0.0)
+        grad_mul = (grad_masked_fill * scale).sum_to_size(
+            (q @ k.transpose(-2, -1)).shape
+        )
+        # Promote 1-D operands (and the matching dims of grad) to matrices.
+        x_mat = q.unsqueeze(-2) if q_dim == 1 else q
+        other_mat = (
+            k.transpose(-2, -1).unsqueeze(-1)
+            if k.transpose(-2, -1).ndim == 1
+            else k.transpose(-2, -1)
+        )
+        grad_col = grad_mul.unsqueeze(-1) if k.transpose(-2, -1).ndim == 1 else grad_mul
+        grad_mat = grad_col.unsqueeze(-2) if q_dim == 1 else grad_col
+        grad_x = grad_mat @ other_mat.transpose(-1, -2)
+        grad_other = x_mat.transpose(-1, -2) @ grad_mat
+        grad_q = _accumulate(grad_q, grad_x.sum_to_size(q_shape))
+        grad_matmul = (
+            grad_other.squeeze(-1) if k.transpose(-2, -1).ndim == 1 else grad_other
+        ).sum_to_size(k.transpose(-2, -1).shape)
+        grad_k = _accumulate(grad_k, grad_matmul.transpose((-2), (-1)))
+    return grad_q, grad_k, grad_v_1
 
 
 class CausalAttentionFunction(torch.autograd.Function):
     """`causal_attention` as an autograd Function.
 
-    forward also returns p, scale, for setup_context to save.
-
-    backward is once_differentiable: it reads a temporary that is saved but not
-    promoted, so a second-order gradient would silently miss its dependence on
-    the inputs; raising is the honest answer.
+    forward also returns p, scale, mask, q_dim, q_shape, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(q, k, v):
-        result, (p, _, scale, _, _) = causal_attention_forward(q, k, v)
-        return result, p, scale
+        result, (p, _, scale, _, _, mask, q_dim, q_shape) = causal_attention_forward(
+            q, k, v
+        )
+        return result, p, scale, mask, q_dim, q_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         q, k, v = inputs
-        _, p, scale = output
-        ctx.mark_non_differentiable(p)
+        _, p, scale, mask, q_dim, q_shape = output
         ctx.save_for_backward(p, v, k, q)
         ctx.scale = scale
+        ctx.mask = mask
+        ctx.q_dim = q_dim
+        ctx.q_shape = q_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, grad, grad_p, grad_scale):
-        if grad is None:
+    def backward(ctx, grad, grad_p, grad_scale, grad_mask, grad_q_dim, grad_q_shape):
+        if grad is None and grad_p is None:
             return None, None, None
         p, v, k, q = ctx.saved_tensors
-        return causal_attention_backward((p, v, ctx.scale, k, q), grad)
+        return causal_attention_backward(
+            (p, v, ctx.scale, k, q, ctx.mask, ctx.q_dim, ctx.q_shape),
+            grad,
+            grad_p=grad_p,
+        )
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):

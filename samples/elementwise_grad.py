@@ -31,6 +31,8 @@ def mul_backward(ctx, grad):
 class MulFunction(torch.autograd.Function):
     """`mul` as an autograd Function."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(a, b):
         return mul_forward(a, b)[0]
@@ -79,6 +81,8 @@ def scaled_mul_backward(ctx, grad):
 
 class ScaledMulFunction(torch.autograd.Function):
     """`scaled_mul` as an autograd Function."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, y, alpha):
@@ -133,6 +137,8 @@ class DivFunction(torch.autograd.Function):
 
     forward also returns a_shape, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(a, b):

@@ -5,7 +5,13 @@
 """Lifted forward/backward pairs and autograd Functions for `samples.mlp`."""
 
 import torch
-from torch.autograd.function import once_differentiable
+
+
+def _accumulate(total, grad):
+    """Add gradients where None is a gradient known to be zero."""
+    if grad is None:
+        return total
+    return grad if total is None else total + grad
 
 
 def mlp_forward(
@@ -21,55 +27,116 @@ def mlp_forward(
 
     Context:
         w2: input
-        a: temporary (depends on a differentiable input); saved, not promoted
+        a: temporary of the inputs, promoted: its gradient flows back
         w1: input
         x: input
+        x_dim: metadata `x.dim()`; `x` itself is not kept alive
+        x_shape: metadata `x.shape`; `x` itself is not kept alive
+        w1_dim: metadata `w1.dim()`; `w1` itself is not kept alive
+        w1_shape: metadata `w1.shape`; `w1` itself is not kept alive
+        b1_shape: metadata `b1.shape`; `b1` itself is not kept alive
     """
     a = torch.tanh(x @ w1 + b1)
-    return a @ w2 + b2, (w2, a, w1, x)
+    return a @ w2 + b2, (w2, a, w1, x, x.dim(), x.shape, w1.dim(), w1.shape, b1.shape)
 
 
-def mlp_backward(ctx, grad):
+def mlp_backward(ctx, grad, *, grad_a_1=None):
     """Map the gradient(s) of `mlp` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/mlp.py:8, with its captures read from `ctx`.
     """
-    w2, a, w1, x = ctx
-    grad_a = grad @ w2.t()
-    grad_h = grad_a * (1 - a * a)
-    return (grad_h @ w1.t(), x.t() @ grad_h, grad_h.sum(0), a.t() @ grad, grad.sum(0))
+    w2, a, w1, x, x_dim, x_shape, w1_dim, w1_shape, b1_shape = ctx
+    grad_x = grad_w1 = grad_b1 = grad_w2 = grad_b2 = None
+    # The closure `backward`, as written.
+    if grad is not None:
+        grad_a = grad @ w2.t()
+        grad_h = grad_a * (1 - a * a)
+        grad_x, grad_w1, grad_b1, grad_w2, grad_b2 = (
+            grad_h @ w1.t(),
+            x.t() @ grad_h,
+            grad_h.sum(0),
+            a.t() @ grad,
+            grad.sum(0),
+        )
+    # Gradients of the promoted temporaries, back to the inputs.
+    if grad_a_1 is not None:
+        # line 7: a = torch.tanh(x @ w1 + b1)
+        grad_tanh = grad_a_1 * (1.0 - a * a)
+        grad_add = grad_tanh.sum_to_size((x @ w1).shape)
+        # Promote 1-D operands (and the matching dims of grad) to matrices.
+        x_mat = x.unsqueeze(-2) if x_dim == 1 else x
+        other_mat = w1.unsqueeze(-1) if w1_dim == 1 else w1
+        grad_col = grad_add.unsqueeze(-1) if w1_dim == 1 else grad_add
+        grad_mat = grad_col.unsqueeze(-2) if x_dim == 1 else grad_col
+        grad_x_1 = grad_mat @ other_mat.transpose(-1, -2)
+        grad_other = x_mat.transpose(-1, -2) @ grad_mat
+        grad_x = _accumulate(grad_x, grad_x_1.sum_to_size(x_shape))
+        grad_w1 = _accumulate(
+            grad_w1,
+            (grad_other.squeeze(-1) if w1_dim == 1 else grad_other).sum_to_size(
+                w1_shape
+            ),
+        )
+        grad_b1 = _accumulate(grad_b1, grad_tanh.sum_to_size(b1_shape))
+    return grad_x, grad_w1, grad_b1, grad_w2, grad_b2
 
 
 class MlpFunction(torch.autograd.Function):
     """`mlp` as an autograd Function.
 
-    forward also returns a, for setup_context to save.
-
-    backward is once_differentiable: it reads a temporary that is saved but not
-    promoted, so a second-order gradient would silently miss its dependence on
-    the inputs; raising is the honest answer.
+    forward also returns a, x_dim, x_shape, w1_dim, w1_shape, b1_shape, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, w1, b1, w2, b2):
-        result, (_, a, _, _) = mlp_forward(x, w1, b1, w2, b2)
-        return result, a
+        result, (_, a, _, _, x_dim, x_shape, w1_dim, w1_shape, b1_shape) = mlp_forward(
+            x, w1, b1, w2, b2
+        )
+        return result, a, x_dim, x_shape, w1_dim, w1_shape, b1_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, w1, _, w2, _ = inputs
-        _, a = output
-        ctx.mark_non_differentiable(a)
+        _, a, x_dim, x_shape, w1_dim, w1_shape, b1_shape = output
         ctx.save_for_backward(w2, a, w1, x)
+        ctx.x_dim = x_dim
+        ctx.x_shape = x_shape
+        ctx.w1_dim = w1_dim
+        ctx.w1_shape = w1_shape
+        ctx.b1_shape = b1_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, grad, grad_a_1):
-        if grad is None:
+    def backward(
+        ctx,
+        grad,
+        grad_a_1,
+        grad_x_dim,
+        grad_x_shape,
+        grad_w1_dim,
+        grad_w1_shape,
+        grad_b1_shape,
+    ):
+        if grad is None and grad_a_1 is None:
             return None, None, None, None, None
         w2, a, w1, x = ctx.saved_tensors
-        return mlp_backward((w2, a, w1, x), grad)
+        return mlp_backward(
+            (
+                w2,
+                a,
+                w1,
+                x,
+                ctx.x_dim,
+                ctx.x_shape,
+                ctx.w1_dim,
+                ctx.w1_shape,
+                ctx.b1_shape,
+            ),
+            grad,
+            grad_a_1=grad_a_1,
+        )
 
 
 def mlp(
@@ -96,57 +163,150 @@ def relu_mlp_forward(
 
     Context:
         w2: input
-        mask: constant (depends on no differentiable input)
+        mask: constant (no differentiable input)
         w1: input
         x: input
-        a: temporary (depends on a differentiable input); saved, not promoted
+        a: temporary of the inputs, promoted: its gradient flows back
+        h_shape: metadata `h.shape`; `h` itself is not kept alive
+        x_dim: metadata `x.dim()`; `x` itself is not kept alive
+        x_shape: metadata `x.shape`; `x` itself is not kept alive
+        w1_dim: metadata `w1.dim()`; `w1` itself is not kept alive
+        w1_shape: metadata `w1.shape`; `w1` itself is not kept alive
+        b1_shape: metadata `b1.shape`; `b1` itself is not kept alive
     """
     h = x @ w1 + b1
     mask = h > 0
     a = h * mask
-    return a @ w2 + b2, (w2, mask, w1, x, a)
+    return a @ w2 + b2, (
+        w2,
+        mask,
+        w1,
+        x,
+        a,
+        h.shape,
+        x.dim(),
+        x.shape,
+        w1.dim(),
+        w1.shape,
+        b1.shape,
+    )
 
 
-def relu_mlp_backward(ctx, grad):
+def relu_mlp_backward(ctx, grad, *, grad_a=None):
     """Map the gradient(s) of `relu_mlp` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/mlp.py:21, with its captures read from `ctx`.
     """
-    w2, mask, w1, x, a = ctx
-    grad_h = (grad @ w2.t()) * mask
-    return (grad_h @ w1.t(), x.t() @ grad_h, grad_h.sum(0), a.t() @ grad, grad.sum(0))
+    w2, mask, w1, x, a, h_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape = ctx
+    grad_x = grad_w1 = grad_b1 = grad_w2 = grad_b2 = None
+    # The closure `backward`, as written.
+    if grad is not None:
+        grad_h = (grad @ w2.t()) * mask
+        grad_x, grad_w1, grad_b1, grad_w2, grad_b2 = (
+            grad_h @ w1.t(),
+            x.t() @ grad_h,
+            grad_h.sum(0),
+            a.t() @ grad,
+            grad.sum(0),
+        )
+    grad_h_1 = None
+    # Gradients of the promoted temporaries, back to the inputs.
+    if grad_a is not None:
+        # line 20: a = h * mask
+        grad_h_1 = _accumulate(grad_h_1, (grad_a * mask).sum_to_size(h_shape))
+    if grad_h_1 is not None:
+        # line 18: h = x @ w1 + b1
+        grad_add = grad_h_1.sum_to_size((x @ w1).shape)
+        # Promote 1-D operands (and the matching dims of grad) to matrices.
+        x_mat = x.unsqueeze(-2) if x_dim == 1 else x
+        other_mat = w1.unsqueeze(-1) if w1_dim == 1 else w1
+        grad_col = grad_add.unsqueeze(-1) if w1_dim == 1 else grad_add
+        grad_mat = grad_col.unsqueeze(-2) if x_dim == 1 else grad_col
+        grad_x_1 = grad_mat @ other_mat.transpose(-1, -2)
+        grad_other = x_mat.transpose(-1, -2) @ grad_mat
+        grad_x = _accumulate(grad_x, grad_x_1.sum_to_size(x_shape))
+        grad_w1 = _accumulate(
+            grad_w1,
+            (grad_other.squeeze(-1) if w1_dim == 1 else grad_other).sum_to_size(
+                w1_shape
+            ),
+        )
+        grad_b1 = _accumulate(grad_b1, grad_h_1.sum_to_size(b1_shape))
+    return grad_x, grad_w1, grad_b1, grad_w2, grad_b2
 
 
 class ReluMlpFunction(torch.autograd.Function):
     """`relu_mlp` as an autograd Function.
 
-    forward also returns mask, a, for setup_context to save.
-
-    backward is once_differentiable: it reads a temporary that is saved but not
-    promoted, so a second-order gradient would silently miss its dependence on
-    the inputs; raising is the honest answer.
+    forward also returns mask, a, h_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, w1, b1, w2, b2):
-        result, (_, mask, _, _, a) = relu_mlp_forward(x, w1, b1, w2, b2)
-        return result, mask, a
+        result, (
+            _,
+            mask,
+            _,
+            _,
+            a,
+            h_shape,
+            x_dim,
+            x_shape,
+            w1_dim,
+            w1_shape,
+            b1_shape,
+        ) = relu_mlp_forward(x, w1, b1, w2, b2)
+        return result, mask, a, h_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, w1, _, w2, _ = inputs
-        _, mask, a = output
-        ctx.mark_non_differentiable(mask, a)
+        _, mask, a, h_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape = output
+        ctx.mark_non_differentiable(mask)
         ctx.save_for_backward(w2, mask, w1, x, a)
+        ctx.h_shape = h_shape
+        ctx.x_dim = x_dim
+        ctx.x_shape = x_shape
+        ctx.w1_dim = w1_dim
+        ctx.w1_shape = w1_shape
+        ctx.b1_shape = b1_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, grad, grad_mask, grad_a):
-        if grad is None:
+    def backward(
+        ctx,
+        grad,
+        grad_mask,
+        grad_a,
+        grad_h_shape,
+        grad_x_dim,
+        grad_x_shape,
+        grad_w1_dim,
+        grad_w1_shape,
+        grad_b1_shape,
+    ):
+        if grad is None and grad_a is None:
             return None, None, None, None, None
         w2, mask, w1, x, a = ctx.saved_tensors
-        return relu_mlp_backward((w2, mask, w1, x, a), grad)
+        return relu_mlp_backward(
+            (
+                w2,
+                mask,
+                w1,
+                x,
+                a,
+                ctx.h_shape,
+                ctx.x_dim,
+                ctx.x_shape,
+                ctx.w1_dim,
+                ctx.w1_shape,
+                ctx.b1_shape,
+            ),
+            grad,
+            grad_a=grad_a,
+        )
 
 
 def relu_mlp(

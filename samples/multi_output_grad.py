@@ -5,7 +5,13 @@
 """Lifted forward/backward pairs and autograd Functions for `samples.multi_output`."""
 
 import torch
-from torch.autograd.function import once_differentiable
+
+
+def _accumulate(total, grad):
+    """Add gradients where None is a gradient known to be zero."""
+    if grad is None:
+        return total
+    return grad if total is None else total + grad
 
 
 def mean_var_forward(x: torch.Tensor, dim: int = -1):
@@ -14,63 +20,134 @@ def mean_var_forward(x: torch.Tensor, dim: int = -1):
     Lifted from samples/multi_output.py:5-13.
 
     Context:
-        xc: temporary (depends on a differentiable input); saved, not promoted
-        n: constant (depends on no differentiable input)
+        xc: temporary of the inputs, promoted: its gradient flows back
+        n: constant (no differentiable input)
+        x_dim: metadata `x.dim()`; `x` itself is not kept alive
+        x_numel: metadata `x.numel()`; `x` itself is not kept alive
+        x_shape: metadata `x.shape`; `x` itself is not kept alive
+        mean_numel: metadata `mean.numel()`; `mean` itself is not kept alive
+        mean_shape: metadata `mean.shape`; `mean` itself is not kept alive
+        dim: input
     """
     n = x.shape[dim]
     mean = x.mean(dim, keepdim=True)
     xc = x - mean
     var = (xc * xc).mean(dim, keepdim=True)
-    return (mean, var), (xc, n)
+    return (mean, var), (
+        xc,
+        n,
+        x.dim(),
+        x.numel(),
+        x.shape,
+        mean.numel(),
+        mean.shape,
+        dim,
+    )
 
 
-def mean_var_backward(ctx, grad_mean, grad_var):
+def mean_var_backward(ctx, grad_mean, grad_var, *, grad_xc=None):
     """Map the gradient(s) of `mean_var` (grad_mean, grad_var) to its inputs' gradients.
 
     The closure `backward` of samples/multi_output.py:11, with its captures read from `ctx`.
     """
-    xc, n = ctx
-    return (grad_mean + 2.0 * grad_var * xc) / n, None
+    xc, n, x_dim, x_numel, x_shape, mean_numel, mean_shape, dim = ctx
+    grad_x = grad_dim = None
+    # The closure `backward`, as written.
+    if grad_mean is not None or grad_var is not None:
+        grad_x, grad_dim = (grad_mean + 2.0 * grad_var * xc) / n, None
+    grad_mean_1 = None
+    # Gradients of the promoted temporaries, back to the inputs.
+    if grad_xc is not None:
+        # line 9: xc = x - mean
+        grad_x = _accumulate(grad_x, grad_xc.sum_to_size(x_shape))
+        grad_mean_1 = _accumulate(grad_mean_1, (-grad_xc).sum_to_size(mean_shape))
+    if grad_mean_1 is not None:
+        # line 8: mean = x.mean(dim, keepdim=True)
+        if dim is None or True:
+            grad_keep = grad_mean_1
+        else:
+            dims = [
+                d % max(x_dim, 1)
+                for d in (dim if isinstance(dim, (tuple, list)) else [dim])
+            ]
+            keep_shape = [
+                1 if i in dims or len(dims) == 0 else s for i, s in enumerate(x_shape)
+            ]
+            grad_keep = grad_mean_1.reshape(keep_shape)
+        count = x_numel / max(mean_numel, 1)
+        grad_x = _accumulate(grad_x, (grad_keep / count).expand(x_shape))
+    return grad_x, grad_dim
 
 
 class MeanVarFunction(torch.autograd.Function):
     """`mean_var` as an autograd Function.
 
-    forward also returns xc, n, for setup_context to save.
-
-    backward is once_differentiable: it reads a temporary that is saved but not
-    promoted, so a second-order gradient would silently miss its dependence on
-    the inputs; raising is the honest answer.
+    forward also returns xc, n, x_dim, x_numel, x_shape, mean_numel, mean_shape, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, dim):
-        result, (xc, n) = mean_var_forward(x, dim)
-        return *result, xc, n
+        result, (xc, n, x_dim, x_numel, x_shape, mean_numel, mean_shape, _) = (
+            mean_var_forward(x, dim)
+        )
+        return *result, xc, n, x_dim, x_numel, x_shape, mean_numel, mean_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        mean, var, xc, n = output
-        ctx.mark_non_differentiable(xc)
+        _, dim = inputs
+        mean, var, xc, n, x_dim, x_numel, x_shape, mean_numel, mean_shape = output
         ctx.save_for_backward(xc)
         ctx.n = n
+        ctx.x_dim = x_dim
+        ctx.x_numel = x_numel
+        ctx.x_shape = x_shape
+        ctx.mean_numel = mean_numel
+        ctx.mean_shape = mean_shape
+        ctx.dim = dim
         ctx.mean_like = mean.shape, mean.dtype, mean.device
         ctx.var_like = var.shape, var.dtype, var.device
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_mean, grad_var, grad_xc, grad_n):
-        if grad_mean is None and grad_var is None:
+    def backward(
+        ctx,
+        grad_mean,
+        grad_var,
+        grad_xc,
+        grad_n,
+        grad_x_dim,
+        grad_x_numel,
+        grad_x_shape,
+        grad_mean_numel,
+        grad_mean_shape,
+    ):
+        if grad_mean is None and grad_var is None and grad_xc is None:
             return None, None
-        if grad_mean is None:
-            shape, dtype, device = ctx.mean_like
-            grad_mean = torch.zeros(shape, dtype=dtype, device=device)
-        if grad_var is None:
-            shape, dtype, device = ctx.var_like
-            grad_var = torch.zeros(shape, dtype=dtype, device=device)
+        if grad_mean is not None or grad_var is not None:
+            if grad_mean is None:
+                shape, dtype, device = ctx.mean_like
+                grad_mean = torch.zeros(shape, dtype=dtype, device=device)
+            if grad_var is None:
+                shape, dtype, device = ctx.var_like
+                grad_var = torch.zeros(shape, dtype=dtype, device=device)
         (xc,) = ctx.saved_tensors
-        return mean_var_backward((xc, ctx.n), grad_mean, grad_var)
+        return mean_var_backward(
+            (
+                xc,
+                ctx.n,
+                ctx.x_dim,
+                ctx.x_numel,
+                ctx.x_shape,
+                ctx.mean_numel,
+                ctx.mean_shape,
+                ctx.dim,
+            ),
+            grad_mean,
+            grad_var,
+            grad_xc=grad_xc,
+        )
 
 
 def mean_var(x: torch.Tensor, dim: int = -1):
@@ -103,6 +180,8 @@ def sincos_backward(ctx, grad_s, grad_c):
 
 class SincosFunction(torch.autograd.Function):
     """`sincos` as an autograd Function."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x):

@@ -5,7 +5,13 @@
 """Lifted forward/backward pairs and autograd Functions for `samples.normalization`."""
 
 import torch
-from torch.autograd.function import once_differentiable
+
+
+def _accumulate(total, grad):
+    """Add gradients where None is a gradient known to be zero."""
+    if grad is None:
+        return total
+    return grad if total is None else total + grad
 
 
 def layer_norm_forward(
@@ -17,66 +23,222 @@ def layer_norm_forward(
 
     Context:
         weight: input
-        rstd: temporary (depends on a differentiable input); saved, not promoted
-        x_hat: temporary (depends on a differentiable input); saved, not promoted
+        rstd: temporary of the inputs, promoted: its gradient flows back
+        x_hat: temporary of the inputs, promoted: its gradient flows back
         bias_shape: metadata `bias.shape`; `bias` itself is not kept alive
+        rstd_shape: metadata `rstd.shape`; `rstd` itself is not kept alive
+        xc: temporary of the inputs, promoted: its gradient flows back
+        xc_shape: metadata `xc.shape`; `xc` itself is not kept alive
+        var_numel: metadata `var.numel()`; `var` itself is not kept alive
+        var_shape: metadata `var.shape`; `var` itself is not kept alive
+        x_numel: metadata `x.numel()`; `x` itself is not kept alive
+        x_shape: metadata `x.shape`; `x` itself is not kept alive
+        mean_numel: metadata `mean.numel()`; `mean` itself is not kept alive
+        mean_shape: metadata `mean.shape`; `mean` itself is not kept alive
     """
     mean = x.mean(-1, keepdim=True)
     xc = x - mean
     var = (xc * xc).mean(-1, keepdim=True)
     rstd = torch.rsqrt(var + eps)
     x_hat = xc * rstd
-    return x_hat * weight + bias, (weight, rstd, x_hat, bias.shape)
+    return x_hat * weight + bias, (
+        weight,
+        rstd,
+        x_hat,
+        bias.shape,
+        rstd.shape,
+        xc,
+        xc.shape,
+        var.numel(),
+        var.shape,
+        x.numel(),
+        x.shape,
+        mean.numel(),
+        mean.shape,
+    )
 
 
-def layer_norm_backward(ctx, grad):
+def layer_norm_backward(ctx, grad, *, grad_rstd=None, grad_x_hat=None, grad_xc=None):
     """Map the gradient(s) of `layer_norm` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/normalization.py:12, with its captures read from `ctx`.
     """
-    weight, rstd, x_hat, bias_shape = ctx
-    g = grad * weight
-    grad_x = rstd * (
-        g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True)
-    )
-    grad_weight = (grad * x_hat).sum_to_size(weight.shape)
-    grad_bias = grad.sum_to_size(bias_shape)
-    return grad_x, grad_weight, grad_bias, None
+    (
+        weight,
+        rstd,
+        x_hat,
+        bias_shape,
+        rstd_shape,
+        xc,
+        xc_shape,
+        var_numel,
+        var_shape,
+        x_numel,
+        x_shape,
+        mean_numel,
+        mean_shape,
+    ) = ctx
+    grad_x_1 = grad_weight_1 = grad_bias_1 = grad_eps = None
+    # The closure `backward`, as written.
+    if grad is not None:
+        g = grad * weight
+        grad_x = rstd * (
+            g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True)
+        )
+        grad_weight = (grad * x_hat).sum_to_size(weight.shape)
+        grad_bias = grad.sum_to_size(bias_shape)
+        grad_x_1, grad_weight_1, grad_bias_1, grad_eps = (
+            grad_x,
+            grad_weight,
+            grad_bias,
+            None,
+        )
+    grad_mean_1 = grad_var = None
+    # Gradients of the promoted temporaries, back to the inputs.
+    if grad_x_hat is not None:
+        # line 11: x_hat = xc * rstd
+        grad_xc = _accumulate(grad_xc, (grad_x_hat * rstd).sum_to_size(xc_shape))
+        grad_rstd = _accumulate(grad_rstd, (grad_x_hat * xc).sum_to_size(rstd_shape))
+    if grad_rstd is not None:
+        # line 10: rstd = torch.rsqrt(var + eps)
+        grad_rsqrt = -0.5 * grad_rstd * rstd**3
+        grad_var = _accumulate(grad_var, grad_rsqrt.sum_to_size(var_shape))
+    if grad_var is not None:
+        # line 9: var = (xc * xc).mean(-1, keepdim=True)
+        grad_keep = grad_var
+        count = (xc * xc).numel() / max(var_numel, 1)
+        grad_mean = (grad_keep / count).expand((xc * xc).shape)
+        grad_xc = _accumulate(grad_xc, (grad_mean * xc).sum_to_size(xc_shape))
+        grad_xc = _accumulate(grad_xc, (grad_mean * xc).sum_to_size(xc_shape))
+    if grad_xc is not None:
+        # line 8: xc = x - mean
+        grad_x_1 = _accumulate(grad_x_1, grad_xc.sum_to_size(x_shape))
+        grad_mean_1 = _accumulate(grad_mean_1, (-grad_xc).sum_to_size(mean_shape))
+    if grad_mean_1 is not None:
+        # line 7: mean = x.mean(-1, keepdim=True)
+        grad_keep_1 = grad_mean_1
+        count_1 = x_numel / max(mean_numel, 1)
+        grad_x_1 = _accumulate(grad_x_1, (grad_keep_1 / count_1).expand(x_shape))
+    return grad_x_1, grad_weight_1, grad_bias_1, grad_eps
 
 
 class LayerNormFunction(torch.autograd.Function):
     """`layer_norm` as an autograd Function.
 
-    forward also returns rstd, x_hat, bias_shape, for setup_context to save.
-
-    backward is once_differentiable: it reads a temporary that is saved but not
-    promoted, so a second-order gradient would silently miss its dependence on
-    the inputs; raising is the honest answer.
+    forward also returns rstd, x_hat, bias_shape, rstd_shape, xc, xc_shape, var_numel, var_shape, x_numel, x_shape, mean_numel, mean_shape, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, weight, bias, eps):
-        result, (_, rstd, x_hat, bias_shape) = layer_norm_forward(
-            x, weight, bias, eps=eps
+        result, (
+            _,
+            rstd,
+            x_hat,
+            bias_shape,
+            rstd_shape,
+            xc,
+            xc_shape,
+            var_numel,
+            var_shape,
+            x_numel,
+            x_shape,
+            mean_numel,
+            mean_shape,
+        ) = layer_norm_forward(x, weight, bias, eps=eps)
+        return (
+            result,
+            rstd,
+            x_hat,
+            bias_shape,
+            rstd_shape,
+            xc,
+            xc_shape,
+            var_numel,
+            var_shape,
+            x_numel,
+            x_shape,
+            mean_numel,
+            mean_shape,
         )
-        return result, rstd, x_hat, bias_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         _, weight, _, _ = inputs
-        _, rstd, x_hat, bias_shape = output
-        ctx.mark_non_differentiable(rstd, x_hat)
-        ctx.save_for_backward(weight, rstd, x_hat)
+        (
+            _,
+            rstd,
+            x_hat,
+            bias_shape,
+            rstd_shape,
+            xc,
+            xc_shape,
+            var_numel,
+            var_shape,
+            x_numel,
+            x_shape,
+            mean_numel,
+            mean_shape,
+        ) = output
+        ctx.save_for_backward(weight, rstd, x_hat, xc)
         ctx.bias_shape = bias_shape
+        ctx.rstd_shape = rstd_shape
+        ctx.xc_shape = xc_shape
+        ctx.var_numel = var_numel
+        ctx.var_shape = var_shape
+        ctx.x_numel = x_numel
+        ctx.x_shape = x_shape
+        ctx.mean_numel = mean_numel
+        ctx.mean_shape = mean_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, grad, grad_rstd, grad_x_hat, grad_bias_shape):
-        if grad is None:
+    def backward(
+        ctx,
+        grad,
+        grad_rstd,
+        grad_x_hat,
+        grad_bias_shape,
+        grad_rstd_shape,
+        grad_xc,
+        grad_xc_shape,
+        grad_var_numel,
+        grad_var_shape,
+        grad_x_numel,
+        grad_x_shape,
+        grad_mean_numel,
+        grad_mean_shape,
+    ):
+        if (
+            grad is None
+            and grad_rstd is None
+            and grad_x_hat is None
+            and grad_xc is None
+        ):
             return None, None, None, None
-        weight, rstd, x_hat = ctx.saved_tensors
-        return layer_norm_backward((weight, rstd, x_hat, ctx.bias_shape), grad)
+        weight, rstd, x_hat, xc = ctx.saved_tensors
+        return layer_norm_backward(
+            (
+                weight,
+                rstd,
+                x_hat,
+                ctx.bias_shape,
+                ctx.rstd_shape,
+                xc,
+                ctx.xc_shape,
+                ctx.var_numel,
+                ctx.var_shape,
+                ctx.x_numel,
+                ctx.x_shape,
+                ctx.mean_numel,
+                ctx.mean_shape,
+            ),
+            grad,
+            grad_rstd=grad_rstd,
+            grad_x_hat=grad_x_hat,
+            grad_xc=grad_xc,
+        )
 
 
 def layer_norm(
@@ -93,55 +255,85 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6
 
     Context:
         weight: input
-        rstd: temporary (depends on a differentiable input); saved, not promoted
-        x_hat: temporary (depends on a differentiable input); saved, not promoted
+        rstd: temporary of the inputs, promoted: its gradient flows back
+        x_hat: temporary of the inputs, promoted: its gradient flows back
+        rstd_shape: metadata `rstd.shape`; `rstd` itself is not kept alive
+        x: input
+        x_shape: metadata `x.shape`; `x` itself is not kept alive
     """
     rstd = torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
     x_hat = x * rstd
-    return x_hat * weight, (weight, rstd, x_hat)
+    return x_hat * weight, (weight, rstd, x_hat, rstd.shape, x, x.shape)
 
 
-def rms_norm_backward(ctx, grad):
+def rms_norm_backward(ctx, grad, *, grad_rstd=None, grad_x_hat=None):
     """Map the gradient(s) of `rms_norm` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/normalization.py:26, with its captures read from `ctx`.
     """
-    weight, rstd, x_hat = ctx
-    g = grad * weight
-    grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
-    return grad_x, (grad * x_hat).sum_to_size(weight.shape), None
+    weight, rstd, x_hat, rstd_shape, x, x_shape = ctx
+    grad_x_1 = grad_weight = grad_eps = None
+    # The closure `backward`, as written.
+    if grad is not None:
+        g = grad * weight
+        grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
+        grad_x_1, grad_weight, grad_eps = (
+            grad_x,
+            (grad * x_hat).sum_to_size(weight.shape),
+            None,
+        )
+    # Gradients of the promoted temporaries, back to the inputs.
+    if grad_x_hat is not None:
+        # line 25: x_hat = x * rstd
+        grad_x_1 = _accumulate(grad_x_1, (grad_x_hat * rstd).sum_to_size(x_shape))
+        grad_rstd = _accumulate(grad_rstd, (grad_x_hat * x).sum_to_size(rstd_shape))
+    if grad_rstd is not None:
+        # line 24: rstd = torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+        grad_rsqrt = -0.5 * grad_rstd * rstd**3
+        grad_add = grad_rsqrt.sum_to_size((x * x).mean(-1, keepdim=True).shape)
+        grad_keep = grad_add
+        count = (x * x).numel() / max((x * x).mean(-1, keepdim=True).numel(), 1)
+        grad_mean = (grad_keep / count).expand((x * x).shape)
+        grad_x_1 = _accumulate(grad_x_1, (grad_mean * x).sum_to_size(x_shape))
+        grad_x_1 = _accumulate(grad_x_1, (grad_mean * x).sum_to_size(x_shape))
+    return grad_x_1, grad_weight, grad_eps
 
 
 class RmsNormFunction(torch.autograd.Function):
     """`rms_norm` as an autograd Function.
 
-    forward also returns rstd, x_hat, for setup_context to save.
-
-    backward is once_differentiable: it reads a temporary that is saved but not
-    promoted, so a second-order gradient would silently miss its dependence on
-    the inputs; raising is the honest answer.
+    forward also returns rstd, x_hat, rstd_shape, x_shape, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, weight, eps):
-        result, (_, rstd, x_hat) = rms_norm_forward(x, weight, eps=eps)
-        return result, rstd, x_hat
+        result, (_, rstd, x_hat, rstd_shape, _, x_shape) = rms_norm_forward(
+            x, weight, eps=eps
+        )
+        return result, rstd, x_hat, rstd_shape, x_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, weight, _ = inputs
-        _, rstd, x_hat = output
-        ctx.mark_non_differentiable(rstd, x_hat)
-        ctx.save_for_backward(weight, rstd, x_hat)
+        x, weight, _ = inputs
+        _, rstd, x_hat, rstd_shape, x_shape = output
+        ctx.save_for_backward(weight, rstd, x_hat, x)
+        ctx.rstd_shape = rstd_shape
+        ctx.x_shape = x_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, grad, grad_rstd, grad_x_hat):
-        if grad is None:
+    def backward(ctx, grad, grad_rstd, grad_x_hat, grad_rstd_shape, grad_x_shape):
+        if grad is None and grad_rstd is None and grad_x_hat is None:
             return None, None, None
-        weight, rstd, x_hat = ctx.saved_tensors
-        return rms_norm_backward((weight, rstd, x_hat), grad)
+        weight, rstd, x_hat, x = ctx.saved_tensors
+        return rms_norm_backward(
+            (weight, rstd, x_hat, ctx.rstd_shape, x, ctx.x_shape),
+            grad,
+            grad_rstd=grad_rstd,
+            grad_x_hat=grad_x_hat,
+        )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6):

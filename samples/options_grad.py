@@ -16,7 +16,7 @@ def leaky_relu_forward(
     Lifted from samples/options.py:12-17.
 
     Context:
-        gain: constant (depends on no differentiable input)
+        gain: constant (no differentiable input)
     """
     gain = _gain(x > 0, negative_slope, x.dtype)
     return x * gain, (gain,)
@@ -36,6 +36,8 @@ class LeakyReluFunction(torch.autograd.Function):
 
     forward also returns gain, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, negative_slope):
@@ -70,8 +72,8 @@ def clamp_scale_forward(
     Lifted from samples/options.py:20-35.
 
     Context:
-        inside: constant (depends on no differentiable input)
-        slope: constant (depends on no differentiable input)
+        inside: constant (no differentiable input)
+        slope: constant (no differentiable input)
         scale: input
     """
     inside = (x >= lo) & (x <= hi)
@@ -99,6 +101,8 @@ class ClampScaleFunction(torch.autograd.Function):
 
     forward also returns inside, slope, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, lo, hi, scale, leaky):

@@ -37,6 +37,8 @@ class SumDimFunction(torch.autograd.Function):
     forward also returns x_shape, for setup_context to save.
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, dim, keepdim):
         result, (_, _, x_shape) = sum_dim_forward(x, dim, keepdim)
@@ -72,7 +74,7 @@ def mean_dim_forward(x: torch.Tensor, dim: int, keepdim: bool = False):
         keepdim: input
         dim: input
         x_shape: metadata `x.shape`; `x` itself is not kept alive
-        n: constant (depends on no differentiable input)
+        n: constant (no differentiable input)
     """
     n = x.shape[dim]
     return x.mean(dim, keepdim=keepdim), (keepdim, dim, x.shape, n)
@@ -94,6 +96,8 @@ class MeanDimFunction(torch.autograd.Function):
 
     forward also returns x_shape, n, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, dim, keepdim):
@@ -147,6 +151,8 @@ class SumAllFunction(torch.autograd.Function):
 
     forward also returns x_shape, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x):

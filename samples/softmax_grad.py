@@ -32,6 +32,8 @@ def softmax_backward(ctx, grad):
 class SoftmaxFunction(torch.autograd.Function):
     """`softmax` as an autograd Function."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(x, dim):
         return softmax_forward(x, dim)[0]
@@ -80,6 +82,8 @@ def log_softmax_backward(ctx, grad):
 
 class LogSoftmaxFunction(torch.autograd.Function):
     """`log_softmax` as an autograd Function."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, dim):

@@ -5,7 +5,13 @@
 """Lifted forward/backward pairs and autograd Functions for `samples.temporary`."""
 
 import torch
-from torch.autograd.function import once_differentiable
+
+
+def _accumulate(total, grad):
+    """Add gradients where None is a gradient known to be zero."""
+    if grad is None:
+        return total
+    return grad if total is None else total + grad
 
 
 def add_mul_forward(a: torch.Tensor, b: torch.Tensor):
@@ -15,51 +21,60 @@ def add_mul_forward(a: torch.Tensor, b: torch.Tensor):
 
     Context:
         b: input
-        t: temporary (depends on a differentiable input); saved, not promoted
+        t: temporary of the inputs, promoted: its gradient flows back
+        a_shape: metadata `a.shape`; `a` itself is not kept alive
+        b_shape: metadata `b.shape`; `b` itself is not kept alive
     """
     t = a + b
-    return t * b, (b, t)
+    return t * b, (b, t, a.shape, b.shape)
 
 
-def add_mul_backward(ctx, grad):
+def add_mul_backward(ctx, grad, *, grad_t=None):
     """Map the gradient(s) of `add_mul` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/temporary.py:8, with its captures read from `ctx`.
     """
-    b, t = ctx
-    return grad * b, grad * (t + b)
+    b, t, a_shape, b_shape = ctx
+    grad_a = grad_b = None
+    # The closure `backward`, as written.
+    if grad is not None:
+        grad_a, grad_b = grad * b, grad * (t + b)
+    # Gradients of the promoted temporaries, back to the inputs.
+    if grad_t is not None:
+        # line 7: t = a + b
+        grad_a = _accumulate(grad_a, grad_t.sum_to_size(a_shape))
+        grad_b = _accumulate(grad_b, grad_t.sum_to_size(b_shape))
+    return grad_a, grad_b
 
 
 class AddMulFunction(torch.autograd.Function):
     """`add_mul` as an autograd Function.
 
-    forward also returns t, for setup_context to save.
-
-    backward is once_differentiable: it reads a temporary that is saved but not
-    promoted, so a second-order gradient would silently miss its dependence on
-    the inputs; raising is the honest answer.
+    forward also returns t, a_shape, b_shape, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(a, b):
-        result, (_, t) = add_mul_forward(a, b)
-        return result, t
+        result, (_, t, a_shape, b_shape) = add_mul_forward(a, b)
+        return result, t, a_shape, b_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         _, b = inputs
-        _, t = output
-        ctx.mark_non_differentiable(t)
+        _, t, a_shape, b_shape = output
         ctx.save_for_backward(b, t)
+        ctx.a_shape = a_shape
+        ctx.b_shape = b_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, grad, grad_t):
-        if grad is None:
+    def backward(ctx, grad, grad_t, grad_a_shape, grad_b_shape):
+        if grad is None and grad_t is None:
             return None, None
         b, t = ctx.saved_tensors
-        return add_mul_backward((b, t), grad)
+        return add_mul_backward((b, t, ctx.a_shape, ctx.b_shape), grad, grad_t=grad_t)
 
 
 def add_mul(a: torch.Tensor, b: torch.Tensor):
@@ -73,51 +88,62 @@ def squared_distance_forward(x: torch.Tensor, y: torch.Tensor):
     Lifted from samples/temporary.py:13-19.
 
     Context:
-        d: temporary (depends on a differentiable input); saved, not promoted
+        d: temporary of the inputs, promoted: its gradient flows back
+        x_shape: metadata `x.shape`; `x` itself is not kept alive
+        y_shape: metadata `y.shape`; `y` itself is not kept alive
     """
     d = x - y
-    return (d * d).sum(), (d,)
+    return (d * d).sum(), (d, x.shape, y.shape)
 
 
-def squared_distance_backward(ctx, grad):
+def squared_distance_backward(ctx, grad, *, grad_d=None):
     """Map the gradient(s) of `squared_distance` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/temporary.py:16, with its captures read from `ctx`.
     """
-    (d,) = ctx
-    g = 2.0 * grad * d
-    return g, -g
+    d, x_shape, y_shape = ctx
+    grad_x = grad_y = None
+    # The closure `backward`, as written.
+    if grad is not None:
+        g = 2.0 * grad * d
+        grad_x, grad_y = g, -g
+    # Gradients of the promoted temporaries, back to the inputs.
+    if grad_d is not None:
+        # line 15: d = x - y
+        grad_x = _accumulate(grad_x, grad_d.sum_to_size(x_shape))
+        grad_y = _accumulate(grad_y, (-grad_d).sum_to_size(y_shape))
+    return grad_x, grad_y
 
 
 class SquaredDistanceFunction(torch.autograd.Function):
     """`squared_distance` as an autograd Function.
 
-    forward also returns d, for setup_context to save.
-
-    backward is once_differentiable: it reads a temporary that is saved but not
-    promoted, so a second-order gradient would silently miss its dependence on
-    the inputs; raising is the honest answer.
+    forward also returns d, x_shape, y_shape, for setup_context to save.
     """
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, y):
-        result, (d,) = squared_distance_forward(x, y)
-        return result, d
+        result, (d, x_shape, y_shape) = squared_distance_forward(x, y)
+        return result, d, x_shape, y_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, d = output
-        ctx.mark_non_differentiable(d)
+        _, d, x_shape, y_shape = output
         ctx.save_for_backward(d)
+        ctx.x_shape = x_shape
+        ctx.y_shape = y_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx, grad, grad_d):
-        if grad is None:
+    def backward(ctx, grad, grad_d, grad_x_shape, grad_y_shape):
+        if grad is None and grad_d is None:
             return None, None
         (d,) = ctx.saved_tensors
-        return squared_distance_backward((d,), grad)
+        return squared_distance_backward(
+            (d, ctx.x_shape, ctx.y_shape), grad, grad_d=grad_d
+        )
 
 
 def squared_distance(x: torch.Tensor, y: torch.Tensor):

@@ -24,6 +24,14 @@ from s2sgrad.options import Options
 FORMAT_VERSION = 1
 HASH_MARK = "# s2sgrad-source-sha256: "
 
+_ACCUMULATE = '''
+def _accumulate(total, grad):
+    """Add gradients where None is a gradient known to be zero."""
+    if grad is None:
+        return total
+    return grad if total is None else total + grad
+'''.lstrip()
+
 
 @dataclass(frozen=True)
 class Origin:
@@ -73,6 +81,8 @@ def generate(
     what = origin.module_name or origin.display_path
     doc = f'"""Lifted forward/backward pairs and autograd Functions for `{what}`."""'
     body: list[cst.BaseStatement] = []
+    if any(item.gradients and item.gradients.blocks for item in lifted):
+        body.append(cst.parse_statement(_ACCUMULATE))
     for item in lifted:
         body += emit(item, origin.display_path)
     code = cst.Module(body=body).code

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from s2sgrad.lift import Lifted, Saved
+from s2sgrad.lift import Lifted, Recompute, Saved
 
 _WHY = {
     "input": "input",
     "output": "output",
-    "temporary": "temporary (depends on a differentiable input)",
-    "constant": "constant (depends on no differentiable input)",
+    "temporary": "temporary of the inputs",
+    "constant": "constant (no differentiable input)",
     "metadata": "metadata `{expression}`; `{source}` itself is not kept alive",
 }
 
@@ -16,9 +16,9 @@ _WHY = {
 def describe(saved: Saved) -> str:
     text = _WHY[saved.kind].format(expression=saved.expression, source=saved.source)
     if saved.promoted:
-        text += "; promoted to an extra output"
+        text += ", promoted: its gradient flows back"
     elif saved.kind == "temporary":
-        text += "; saved, not promoted"
+        text += ", saved only"
     return f"{saved.name}: {text}"
 
 
@@ -59,6 +59,17 @@ def function_doc(lifted: Lifted) -> str:
             "promoted, so a second-order gradient would silently miss its dependence on",
             "the inputs; raising is the honest answer.",
         ]
+    return "\n".join(lines)
+
+
+def recompute_doc(lifted: Lifted, plan: Recompute, path: str) -> str:
+    names = ", ".join(f"`{t}`" for t in plan.returns)
+    lines = [f"Recompute {names} of `{lifted.source.name}` for its backward.", ""]
+    lines.append(
+        f"Replays the forward statements of {where(lifted, path)} they depend on;"
+    )
+    lines.append("backward calls it instead of saving them, because:")
+    lines += [f"    {reason}" for reason in plan.reasons]
     return "\n".join(lines)
 
 

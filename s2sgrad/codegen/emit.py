@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import libcst as cst
 
 from s2sgrad.codegen import docs
-from s2sgrad.lift import Lifted, Saved
+from s2sgrad.codegen.gradients import gradient_body
+from s2sgrad.lift import Lifted, Recompute, Saved
 from s2sgrad.names import NameAllocator
 
 #: Attributes of autograd's ctx that a saved value must not overwrite.
@@ -89,12 +90,29 @@ def _suite_statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
 
 def emit(lifted: Lifted, path: str) -> list[cst.BaseStatement]:
     names = Names.of(lifted.source.name)
+    recompute = lifted.gradients.recompute if lifted.gradients else None
     return [
         forward_def(lifted, names, path),
+        *([recompute_def(lifted, recompute, path)] if recompute else []),
         backward_def(lifted, names, path),
         function_class(lifted, names),
         op_def(lifted, names),
     ]
+
+
+def recompute_def(lifted: Lifted, plan: Recompute, path: str) -> cst.FunctionDef:
+    """Emit the function backward calls to recompute temporaries without a VJP."""
+    diff = lifted.source
+    returned = ", ".join(plan.returns)
+    ret = cst.parse_statement(f"return {returned}\n")
+    doc = docs.recompute_doc(lifted, plan, path)
+    params = cst.Parameters([cst.Param(cst.Name(p)) for p in plan.params])
+    return cst.FunctionDef(
+        name=cst.Name(plan.function),
+        params=params,
+        body=cst.IndentedBlock([_doc(doc), *plan.statements, ret]),
+        leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
+    )
 
 
 def forward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
@@ -102,7 +120,7 @@ def forward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
     result = _code(diff.result)
     context = _tuple([s.expression for s in lifted.context]) if lifted.context else "()"
     ret = cst.parse_statement(f"return {result}, {context}\n")
-    body = [_doc(docs.forward_doc(lifted, path)), *diff.statements, ret]
+    body = [_doc(docs.forward_doc(lifted, path)), *lifted.forward_statements, ret]
     return cst.FunctionDef(
         name=cst.Name(names.forward),
         params=diff.forward.params,
@@ -118,9 +136,14 @@ def backward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
     if lifted.context:
         unpack = _targets([s.name for s in lifted.context])
         body.append(cst.parse_statement(f"{unpack} = {ctx}\n"))
-    body += _suite_statements(lifted.backward_body)
+    body += gradient_body(lifted, names)
+    incoming = lifted.gradients.incoming if lifted.gradients else ()
     params = diff.backward.params.with_changes(
-        params=[cst.Param(cst.Name(ctx)), *diff.backward.params.params]
+        params=[cst.Param(cst.Name(ctx)), *diff.backward.params.params],
+        star_arg=cst.ParamStar() if incoming else cst.MaybeSentinel.DEFAULT,
+        kwonly_params=[
+            cst.Param(cst.Name(k), default=cst.Name("None")) for _, k in incoming
+        ],
     )
     return cst.FunctionDef(
         name=cst.Name(names.backward),
@@ -147,6 +170,7 @@ class _FunctionWriter:
         self.result = alloc.fresh("result")
         self.grads = self._grad_names(alloc)
         self.meta = [alloc.fresh(n) for n in ("shape", "dtype", "device")]
+        self.grads_name = alloc.fresh("grads")
         self.outputs = [
             (
                 o.value
@@ -163,15 +187,21 @@ class _FunctionWriter:
 
     def _grad_names(self, alloc: NameAllocator) -> list[str]:
         grads = list(self.lifted.source.grad_params)
-        for grad in grads:
-            alloc.taken.add(grad)
-        return grads + [alloc.fresh(f"grad_{s.name}") for s in self.lifted.extras]
+        incoming = dict(self.lifted.gradients.incoming) if self.lifted.gradients else {}
+        alloc.taken.update(grads)
+        alloc.taken.update(incoming.values())
+        return grads + [
+            incoming.get(s.name) or alloc.fresh(f"grad_{s.name}")
+            for s in self.lifted.extras
+        ]
 
     def write(self) -> str:
         doc = docs.docstring(docs.function_doc(self.lifted), "    ")
         parts = [
             f"class {self.names.function}(torch.autograd.Function):",
             f"    {doc}",
+            "",
+            "    generate_vmap_rule = True",
             "",
             *self._indent(self.forward()),
             "",
@@ -256,14 +286,24 @@ class _FunctionWriter:
         n_params = len(self.params)
         nones = ", ".join(["None"] * n_params) + ("," if n_params == 1 else "")
         user = self.lifted.source.grad_params
-        none_test = " and ".join(f"{g} is None" for g in user)
+        incoming = (
+            [k for _, k in self.lifted.gradients.incoming]
+            if self.lifted.gradients
+            else []
+        )
+        none_test = " and ".join(f"{g} is None" for g in (*user, *incoming))
         lines += [f"    if {none_test}:", f"        return {nones}"]
         if self.multi:
+            indent = "    "
+            if incoming:
+                any_test = " or ".join(f"{g} is not None" for g in user)
+                lines.append(f"    if {any_test}:")
+                indent = "        "
             for grad, out in zip(user, self.outputs, strict=True):
                 lines += [
-                    f"    if {grad} is None:",
-                    f"        {', '.join(self.meta)} = {self.ctx}.{out}_like",
-                    f"        {grad} = torch.zeros({self.meta[0]}, dtype={self.meta[1]}, "
+                    f"{indent}if {grad} is None:",
+                    f"{indent}    {', '.join(self.meta)} = {self.ctx}.{out}_like",
+                    f"{indent}    {grad} = torch.zeros({self.meta[0]}, dtype={self.meta[1]}, "
                     f"device={self.meta[2]})",
                 ]
         tensors = [s.name for s in self.lifted.context if s.tensor]
@@ -274,7 +314,8 @@ class _FunctionWriter:
             for s in self.lifted.context
         ]
         ctx_value = _tuple(ctx_items) if ctx_items else "()"
-        call = f"{self.names.backward}({ctx_value}, {', '.join(user)})"
+        keywords = [f"{k}={k}" for k in incoming]
+        call = f"{self.names.backward}({', '.join([ctx_value, *user, *keywords])})"
         lines += self._return(call, nones)
         return lines
 
@@ -291,16 +332,18 @@ class _FunctionWriter:
         bare_none = diff.returns_bare_none and len(self.params) > 1
         if not fixed and not bare_none:
             return [f"    return {call}"]
-        lines = [f"    grads = {call}"]
+        grads = self.grads_name
+        lines = [f"    {grads} = {call}"]
         if bare_none:
-            lines += ["    if grads is None:", f"        return {nones}"]
+            lines += [f"    if {grads} is None:", f"        return {nones}"]
         if fixed:
             items = [
-                "None" if i in fixed else f"grads[{i}]" for i in range(len(self.params))
+                "None" if i in fixed else f"{grads}[{i}]"
+                for i in range(len(self.params))
             ]
             lines.append(f"    return {', '.join(items)}")
         else:
-            lines.append("    return grads")
+            lines.append(f"    return {grads}")
         return lines
 
 

@@ -102,6 +102,8 @@ class Differentiator:
     local_names: frozenset[str]
     #: Qualified names of the Name/Attribute nodes in forward that have one.
     qualified_names: Mapping[cst.CSTNode, str]
+    #: Line of each statement inside forward (for comments that point at the source).
+    statement_lines: Mapping[cst.CSTNode, int]
     #: `# s2sgrad: key=value` pragmas on the def line or in the body.
     pragmas: Mapping[str, str]
 

@@ -125,8 +125,11 @@ def _qualified_names(wrapper: MetadataWrapper) -> dict[cst.CSTNode, str]:
     for node, names in resolved.items():
         if isinstance(node, (cst.Name, cst.Attribute)):
             value = names() if callable(names) else names
-            if value:
-                out[node] = sorted(q.name for q in value)[0]
+            # Names through a function's locals (`f.<locals>.x.exp`) say nothing about
+            # which library function runs; only module-level ones are kept.
+            known = sorted(q.name for q in value if "<locals>" not in q.name)
+            if known:
+                out[node] = known[0]
     return out
 
 
@@ -179,6 +182,11 @@ def _build(
         local_names=facts.local_names | {p.name for p in params},
         qualified_names={
             k: v for k, v in qualified.items() if _inside(analysis, k, first, last)
+        },
+        statement_lines={
+            node: pos.start.line
+            for node, pos in analysis.positions.items()
+            if isinstance(node, cst.BaseStatement) and first <= pos.start.line <= last
         },
         pragmas=_pragmas(forward),
     )

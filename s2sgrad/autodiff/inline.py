@@ -1,0 +1,218 @@
+"""Inline a derivative rule's backward at a call site.
+
+Takes a `Rule`, the call's arguments bound to the rule's parameters, the incoming
+gradient and the call's result; returns the statements and per-parameter gradient
+expressions with the rule's names replaced (parameters by the arguments, locals by fresh
+names), statements no needed entry reads dropped, and tests on constants folded.
+Invariant: the returned code reads only the argument expressions, the gradient, the
+result, torch, math and builtins.
+"""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+from s2sgrad.autodiff.registry import Rule
+from s2sgrad.names import NameAllocator
+
+_ATOMS = (
+    cst.Name,
+    cst.Integer,
+    cst.Float,
+    cst.SimpleString,
+    cst.Attribute,
+    cst.Subscript,
+    cst.Call,
+)
+
+
+def parenthesize(node: cst.BaseExpression) -> cst.BaseExpression:
+    """Wrap `node` in parentheses unless it is atomic where it is substituted."""
+    if isinstance(node, _ATOMS) or node.lpar:
+        return node
+    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def bound_names(nodes: Sequence[cst.CSTNode]) -> set[str]:
+    """Names a piece of code binds: assignment and comprehension targets."""
+    names: set[str] = set()
+    for node in nodes:
+        for target in m.findall(node, m.AssignTarget() | m.CompFor() | m.AugAssign()):
+            inner = target.target
+            for name in m.findall(inner, m.Name()):
+                assert isinstance(name, cst.Name)
+                names.add(name.value)
+    return names
+
+
+class _Substitute(cst.CSTTransformer):
+    """Replace names by expressions, leaving attribute and keyword names alone."""
+
+    def __init__(self, mapping: Mapping[str, cst.BaseExpression]) -> None:
+        self.mapping = mapping
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False  # leave_Attribute substitutes in the value, never in `.attr`
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.Attribute:
+        return updated_node.with_changes(value=original_node.value.visit(self))
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+    def leave_Name(
+        self, original_node: cst.Name, updated_node: cst.Name
+    ) -> cst.BaseExpression:
+        replacement = self.mapping.get(original_node.value)
+        return updated_node if replacement is None else replacement
+
+
+def substitute(
+    node: cst.CSTNode, mapping: Mapping[str, cst.BaseExpression]
+) -> cst.CSTNode:
+    return node.visit(_Substitute(mapping))
+
+
+def _reads(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+
+
+_FOLDABLE = (
+    ast.Expression,
+    ast.Constant,
+    ast.Compare,
+    ast.BoolOp,
+    ast.UnaryOp,
+    ast.Tuple,
+    ast.List,
+    ast.Is,
+    ast.IsNot,
+    ast.Not,
+    ast.And,
+    ast.Or,
+    ast.Eq,
+    ast.NotEq,
+    ast.Load,
+    ast.USub,
+    ast.In,
+    ast.NotIn,
+)
+
+
+def constant_truth(test: cst.BaseExpression) -> bool | None:
+    """Evaluate a test made only of literals (`None is None`, `not True`), else None."""
+    code = cst.Module([]).code_for_node(test)
+    try:
+        tree = ast.parse(code.strip(), mode="eval")
+    except SyntaxError:
+        return None
+    if not all(isinstance(n, _FOLDABLE) for n in ast.walk(tree)):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)  # `1 is None` is what we fold
+        code_object = compile(tree, "<test>", "eval")
+    return bool(eval(code_object, {"__builtins__": {}}, {}))  # noqa: S307
+
+
+class _Fold(cst.CSTTransformer):
+    """Keep only the taken branch of `if`s and conditional expressions on constants."""
+
+    def leave_IfExp(
+        self, original_node: cst.IfExp, updated_node: cst.IfExp
+    ) -> cst.BaseExpression:
+        truth = constant_truth(updated_node.test)
+        if truth is None:
+            return updated_node
+        return parenthesize(updated_node.body if truth else updated_node.orelse)
+
+    def leave_If(
+        self, original_node: cst.If, updated_node: cst.If
+    ) -> (
+        cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement] | cst.RemovalSentinel
+    ):
+        truth = constant_truth(updated_node.test)
+        if truth is None:
+            return updated_node
+        if truth:
+            return cst.FlattenSentinel(_block(updated_node.body))
+        orelse = updated_node.orelse
+        if orelse is None:
+            return cst.RemovalSentinel.REMOVE
+        if isinstance(orelse, cst.If):
+            return orelse
+        return cst.FlattenSentinel(_block(orelse.body))
+
+
+def _block(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    assert isinstance(suite, cst.SimpleStatementSuite)
+    return [cst.SimpleStatementLine(list(suite.body))]
+
+
+@dataclass(frozen=True)
+class Inlined:
+    statements: tuple[cst.BaseStatement, ...]
+    #: Per rule parameter: the gradient expression, or None when not asked for.
+    entries: tuple[cst.BaseExpression | None, ...]
+
+
+def inline(
+    rule: Rule,
+    args: Mapping[str, cst.BaseExpression],
+    grad: cst.BaseExpression,
+    out: cst.BaseExpression,
+    wanted: set[int],
+    names: NameAllocator,
+) -> Inlined:
+    """Inline `rule`'s backward for the parameters at the `wanted` positions."""
+    mapping: dict[str, cst.BaseExpression] = {
+        p: parenthesize(a) for p, a in args.items()
+    }
+    mapping[rule.grad] = grad
+    if rule.out is not None:
+        mapping[rule.out] = parenthesize(out)
+    entries = [e if i in wanted else None for i, e in enumerate(rule.entries)]
+    needed = set().union(*(_reads(e) for e in entries if e is not None))
+    body = _needed_statements(rule.body, needed)
+    for local in sorted(bound_names(body)):
+        mapping[local] = cst.Name(names.fresh(local))
+    folder = _Fold()
+    statements: list[cst.BaseStatement] = []
+    for statement in body:
+        new = substitute(statement, mapping).visit(folder)
+        if isinstance(new, cst.FlattenSentinel):
+            statements += list(new.nodes)
+        elif isinstance(new, cst.BaseStatement):
+            statements.append(new)
+    out_entries = tuple(
+        None if e is None else _expression(substitute(e, mapping).visit(folder))
+        for e in entries
+    )
+    return Inlined(tuple(statements), out_entries)
+
+
+def _expression(node: cst.CSTNode) -> cst.BaseExpression:
+    assert isinstance(node, cst.BaseExpression)
+    return node
+
+
+def _needed_statements(
+    body: Sequence[cst.BaseStatement], needed: set[str]
+) -> list[cst.BaseStatement]:
+    """Keep the statements that bind a name the needed entries read, transitively."""
+    kept: list[cst.BaseStatement] = []
+    wanted = set(needed)
+    for statement in reversed(body):
+        if bound_names([statement]) & wanted:
+            kept.append(statement)
+            wanted |= _reads(statement)
+    return list(reversed(kept))

@@ -1,0 +1,473 @@
+"""Decide, per captured temporary, how its gradient gets back: generated VJP or recompute.
+
+Takes a `Lifted` record, the options and the source text; returns the `Lifted` record
+with its context completed (entries the VJP code reads, promotion flags), forward
+statements with any snapshots the VJP needs, and a `Gradients` record for codegen. Under
+the `first-order` policy, or with no temporaries, the record comes back unchanged.
+Invariant: every temporary backward reads is either promoted (its gradient flows back
+through generated code) or recomputed inside backward from saved inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import libcst as cst
+import libcst.matchers as m
+
+from s2sgrad.autodiff.program import Assign, Program, Version, bound, build
+from s2sgrad.autodiff.registry import builtin_registry
+from s2sgrad.autodiff.vjp import Generator, NoRule, placeholder_version, slice_of
+from s2sgrad.frontend.model import METADATA_ATTRIBUTES, METADATA_METHODS, Differentiator
+from s2sgrad.lift import Gradients, Lifted, Recompute, Saved, rebound_names
+from s2sgrad.names import NameAllocator
+from s2sgrad.options import Options
+
+_METADATA_CODE = {
+    "shape": "{}.shape",
+    "dim": "{}.dim()",
+    "dtype": "{}.dtype",
+    "device": "{}.device",
+    "numel": "{}.numel()",
+}
+
+
+class _Reads(cst.CSTVisitor):
+    """Collect placeholder reads in order: (version id, metadata kind or None)."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[int, str | None]] = []
+        self.handled: set[int] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in METADATA_METHODS:
+            version = placeholder_version(func.value)
+            limit = 1 if func.attr.value == "size" else 0
+            if version is not None and len(node.args) <= limit:
+                self.handled |= {id(func), id(func.value)}
+                self.reads.append((version, METADATA_METHODS[func.attr.value]))
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        version = placeholder_version(node.value)
+        if version is not None and id(node) not in self.handled:
+            if node.attr.value in METADATA_ATTRIBUTES:
+                self.handled.add(id(node.value))
+                self.reads.append((version, METADATA_ATTRIBUTES[node.attr.value]))
+
+    def visit_Name(self, node: cst.Name) -> None:
+        version = placeholder_version(node)
+        if version is not None and id(node) not in self.handled:
+            self.reads.append((version, None))
+
+
+class _Resolve(cst.CSTTransformer):
+    """Replace placeholder reads with the names backward reads them by."""
+
+    def __init__(
+        self, values: dict[int, str], metadata: dict[tuple[int, str], str]
+    ) -> None:
+        self.values = values
+        self.metadata = metadata
+
+    def _meta(self, node: cst.BaseExpression, kind: str) -> str | None:
+        version = placeholder_version(node)
+        return None if version is None else self.metadata.get((version, kind))
+
+    def leave_Call(
+        self, original_node: cst.Call, updated_node: cst.Call
+    ) -> cst.BaseExpression:
+        func = original_node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in METADATA_METHODS:
+            name = self._meta(func.value, METADATA_METHODS[func.attr.value])
+            if name is not None and original_node.args:
+                index = original_node.args[0].value
+                return cst.Subscript(
+                    cst.Name(name), [cst.SubscriptElement(cst.Index(index))]
+                )
+            if name is not None:
+                return cst.Name(name)
+        return updated_node
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        if original_node.attr.value in METADATA_ATTRIBUTES:
+            name = self._meta(
+                original_node.value, METADATA_ATTRIBUTES[original_node.attr.value]
+            )
+            if name is not None:
+                return cst.Name(name)
+        return updated_node
+
+    def leave_Name(
+        self, original_node: cst.Name, updated_node: cst.Name
+    ) -> cst.BaseExpression:
+        version = placeholder_version(original_node)
+        if version is None or version not in self.values:
+            return updated_node  # a metadata read: the enclosing node is replaced
+        return cst.Name(self.values[version])
+
+
+@dataclass
+class _Attempt:
+    generator: Generator
+    needed: set[int]
+    blocks: list[cst.BaseStatement]
+
+
+@dataclass
+class _Context:
+    """The context under construction: entries, and which version each reads."""
+
+    entries: list[Saved]
+    versions: dict[str, int] = field(default_factory=dict)
+    #: Snapshots to take in forward: top-level statement index -> (name, expression).
+    snapshots: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    #: Names whose augmented assignment must become out-of-place (a snapshot aliases them).
+    aliased: set[str] = field(default_factory=set)
+
+
+class Planner:
+    """Plan gradients for one lifted differentiator."""
+
+    def __init__(self, lifted: Lifted, options: Options, source: str) -> None:
+        self.lifted = lifted
+        self.diff = lifted.source
+        self.policy = self.diff.pragmas.get("policy", options.policy)
+        self.source = source.splitlines()
+        self.program: Program = build(self.diff, self.diff.statement_lines)
+        self.at_end = self.program.at_end()
+        self.by_id = {v.id: v for v in self.program.versions}
+        self.backward_locals = _backward_locals(self.diff)
+        self.rebound = rebound_names(self.diff)
+
+    def plan(self) -> Lifted:
+        temps = [s for s in self.lifted.context if s.kind == "temporary"]
+        if self.policy == "first-order" or not temps:
+            return self.lifted
+        names = NameAllocator(self.lifted.taken)
+        results = [names.fresh(f"grad_{p.name}") for p in self.diff.params]
+        promote: list[Saved] = []
+        recompute: list[tuple[Saved, str]] = []
+        for temp in temps:
+            reason = self._why_not(temp, names, results)
+            if reason is None:
+                promote.append(temp)
+            else:
+                recompute.append((temp, reason))
+        attempt = self._attempt(promote, names, results)
+        return self._assemble(attempt, promote, recompute, results, names)
+
+    def _why_not(
+        self, temp: Saved, names: NameAllocator, results: list[str]
+    ) -> str | None:
+        if self.policy == "recompute":
+            return "the recompute policy is set for this function"
+        if not temp.tensor:
+            return "it is not known to be a tensor, so it cannot be an extra output"
+        try:
+            attempt = self._attempt([temp], names.child(), results)
+            self._check_reads(attempt)
+        except NoRule as exc:
+            return f"line {exc.line}: {exc.reason}" if exc.line else exc.reason
+        return None
+
+    def _attempt(
+        self, temps: Sequence[Saved], names: NameAllocator, results: list[str]
+    ) -> _Attempt:
+        accumulators = {
+            self.program.params[p.name].id: results[i]
+            for i, p in enumerate(self.diff.params)
+        }
+        for temp in temps:
+            accumulators[self.program.final[temp.source].id] = names.fresh(
+                f"grad_{temp.name}"
+            )
+        generator = Generator(
+            self.diff,
+            self.program,
+            builtin_registry(),
+            names,
+            accumulators,
+            self.source,
+        )
+        if not temps:
+            return _Attempt(generator, set(), [])
+        needed = slice_of(
+            self.program, {self.program.final[t.source].id for t in temps}
+        )
+        return _Attempt(generator, needed, generator.run(needed))
+
+    def _reads(self, attempt: _Attempt) -> list[tuple[int, str | None]]:
+        reads = _Reads()
+        for block in attempt.blocks:
+            block.visit(reads)
+        return reads.reads
+
+    def _check_reads(self, attempt: _Attempt) -> None:
+        for version_id, _ in self._reads(attempt):
+            version = self.by_id[version_id]
+            if version.id not in self.at_end and version.in_branch:
+                raise NoRule(
+                    0,
+                    f"backward would read `{version.name}` where a branch "
+                    "of forward rebinds it",
+                )
+
+    # -- assembling the result ----------------------------------------------------------
+    def _assemble(
+        self,
+        attempt: _Attempt,
+        promote: list[Saved],
+        recompute: list[tuple[Saved, str]],
+        results: list[str],
+        names: NameAllocator,
+    ) -> Lifted:
+        dropped = {t.name for t, _ in recompute}
+        ctx = _Context([s for s in self.lifted.context if s.name not in dropped])
+        for saved in ctx.entries:
+            if saved.kind not in ("metadata",) and saved.source in self.program.final:
+                ctx.versions[saved.name] = self.program.final[saved.source].id
+        value_names, meta_names = self._resolve(attempt, ctx, names)
+        blocks = [
+            _statement(b.visit(_Resolve(value_names, meta_names)))
+            for b in attempt.blocks
+        ]
+        entries = [
+            replace(s, promoted=True) if s.kind == "temporary" else s
+            for s in ctx.entries
+        ]
+        incoming = tuple(
+            (s.name, attempt.generator.accumulator(self.by_id[ctx.versions[s.name]]))
+            for s in entries
+            if s.promoted
+        )
+        plan = self._recompute(recompute, entries, ctx, names)
+        used = {
+            n.value
+            for b in blocks
+            for n in m.findall(b, m.Name())
+            if isinstance(n, cst.Name)
+        }
+        fixed = set(results) | {k for _, k in incoming}
+        inits = tuple(
+            sorted(
+                name
+                for name in attempt.generator.accumulators.values()
+                if name in used and name not in fixed
+            )
+        )
+        gradients = Gradients(incoming, tuple(results), tuple(blocks), inits, plan)
+        forward = _with_snapshots(self.diff.statements, ctx, self.program)
+        return replace(
+            self.lifted,
+            context=tuple(entries),
+            forward_statements=tuple(forward),
+            gradients=gradients,
+            once_differentiable=False,
+            taken=frozenset(names.taken),
+        )
+
+    def _resolve(
+        self, attempt: _Attempt, ctx: _Context, names: NameAllocator
+    ) -> tuple[dict[int, str], dict[tuple[int, str], str]]:
+        """Decide how backward reads each forward version the VJP code uses."""
+        kinds: dict[int, set[str | None]] = {}
+        for version_id, kind in self._reads(attempt):
+            kinds.setdefault(version_id, set()).add(kind)
+        values: dict[int, str] = {}
+        metadata: dict[tuple[int, str], str] = {}
+        for version_id, wanted in kinds.items():
+            version = self.by_id[version_id]
+            source = version.name
+            if version_id not in self.at_end:
+                source = names.fresh(
+                    f"{version.name}_{_ordinal(self.program, version)}"
+                )
+                if None not in wanted:
+                    for kind in sorted(k for k in wanted if k is not None):
+                        snap = names.fresh(f"{source}_{kind}")
+                        ctx.snapshots.setdefault(version.top, []).append(
+                            (snap, _METADATA_CODE[kind].format(version.name))
+                        )
+                        ctx.entries.append(
+                            Saved(
+                                snap,
+                                version.name,
+                                "metadata",
+                                snap,
+                                False,
+                                False,
+                                None,
+                                0,
+                            )
+                        )
+                        metadata[(version_id, kind)] = snap
+                    continue
+                ctx.snapshots.setdefault(version.top, []).append((source, version.name))
+                ctx.aliased.add(version.name)
+            if None in wanted:
+                values[version_id] = self._value_entry(version, source, ctx, names)
+            for kind in sorted(k for k in wanted if k is not None):
+                metadata[(version_id, kind)] = self._meta_entry(
+                    source, kind, ctx, names
+                )
+        return values, metadata
+
+    def _value_entry(
+        self, version: Version, source: str, ctx: _Context, names: NameAllocator
+    ) -> str:
+        for saved in ctx.entries:
+            if saved.source == source and saved.kind != "metadata":
+                return saved.name
+        name = names.fresh(source) if source in self.backward_locals else source
+        ctx.entries.append(self._classify(version, name, source))
+        ctx.versions[name] = version.id
+        return name
+
+    def _classify(self, version: Version, name: str, source: str) -> Saved:
+        params = [p.name for p in self.diff.params]
+        outputs = [
+            o.value if isinstance(o, cst.Name) else None for o in self.diff.outputs
+        ]
+        tensor = bool(version.value.tensor)
+        final = version.id in self.at_end
+        if version.is_param and final:
+            return Saved(
+                name, source, "input", source, tensor, False, params.index(source), 0
+            )
+        if final and source in outputs:
+            return Saved(
+                name, source, "output", source, True, False, outputs.index(source), 0
+            )
+        kind = "temporary" if version.value.diff and tensor else "constant"
+        return Saved(name, source, kind, source, tensor, False, None, 0)
+
+    def _meta_entry(
+        self, source: str, kind: str, ctx: _Context, names: NameAllocator
+    ) -> str:
+        code = _METADATA_CODE[kind].format(source)
+        for saved in ctx.entries:
+            if saved.kind == "metadata" and saved.expression == code:
+                return saved.name
+        name = names.fresh(f"{source}_{kind}")
+        ctx.entries.append(Saved(name, source, "metadata", code, False, False, None, 0))
+        return name
+
+    def _recompute(
+        self,
+        recompute: list[tuple[Saved, str]],
+        entries: list[Saved],
+        ctx: _Context,
+        names: NameAllocator,
+    ) -> Recompute | None:
+        if not recompute:
+            return None
+        wanted = {t.source for t, _ in recompute}
+        statements = _needed_for(self.diff.statements, wanted)
+        reads = set().union(*(_names_read(s) for s in statements))
+        params = [p.name for p in self.diff.params if p.name in reads]
+        args = []
+        for param in params:
+            version = self.program.params[param]
+            before = len(ctx.entries)
+            args.append(self._value_entry(version, param, ctx, names))
+            entries += ctx.entries[before:]
+        return Recompute(
+            function=names.fresh(f"{self.diff.name}_recompute"),
+            params=tuple(params),
+            args=tuple(args),
+            statements=tuple(statements),
+            returns=tuple(t.source for t, _ in recompute),
+            targets=tuple(t.name for t, _ in recompute),
+            reasons=tuple(f"`{t.name}`: {why}" for t, why in recompute),
+        )
+
+
+def _ordinal(program: Program, version: Version) -> int:
+    return [v for v in program.versions if v.name == version.name].index(version)
+
+
+def _with_snapshots(
+    statements: Sequence[cst.BaseStatement], ctx: _Context, program: Program
+) -> list[cst.BaseStatement]:
+    """Insert `name_k = name` after the statements creating versions backward reads."""
+    if not ctx.snapshots:
+        return list(statements)
+
+    def lines(index: int) -> list[cst.BaseStatement]:
+        return [
+            cst.parse_statement(f"{name} = {code}  # read by the generated VJP\n")
+            for name, code in ctx.snapshots.get(index, [])
+        ]
+
+    out = lines(-1)
+    for index, statement in enumerate(statements):
+        out.append(_out_of_place(statement, ctx.aliased, program))
+        out += lines(index)
+    return out
+
+
+def _out_of_place(
+    statement: cst.BaseStatement, aliased: set[str], program: Program
+) -> cst.BaseStatement:
+    """Rewrite `t += x` as `t = t + x` where a snapshot aliases `t`'s earlier value."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return statement
+    steps = {id(s.statement): s for s in _assigns(program.steps) if s.augmented}
+    step = steps.get(id(statement))
+    if step is None or step.target.name not in aliased:
+        return statement
+    body: list[cst.BaseSmallStatement] = []
+    for small in statement.body:
+        if isinstance(small, cst.AugAssign):
+            body.append(cst.Assign([cst.AssignTarget(small.target)], step.value))
+        else:
+            body.append(small)
+    return statement.with_changes(body=body)
+
+
+def _assigns(steps: Sequence[object]) -> list[Assign]:
+    from s2sgrad.autodiff.program import Branch
+
+    found: list[Assign] = []
+    for step in steps:
+        if isinstance(step, Assign):
+            found.append(step)
+        elif isinstance(step, Branch):
+            found += _assigns(step.body) + _assigns(step.orelse)
+    return found
+
+
+def _statement(node: cst.CSTNode) -> cst.BaseStatement:
+    assert isinstance(node, cst.BaseStatement)
+    return node
+
+
+def _names_read(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+
+
+def _needed_for(
+    statements: Sequence[cst.BaseStatement], wanted: set[str]
+) -> list[cst.BaseStatement]:
+    """Return the forward statements needed to recompute `wanted`, in order."""
+    needed = set(wanted)
+    kept = []
+    for statement in reversed(statements):
+        if bound(statement) & needed:
+            kept.append(statement)
+            needed |= _names_read(statement)
+    return list(reversed(kept))
+
+
+def _backward_locals(diff: Differentiator) -> set[str]:
+    backward = diff.backward
+    return {p.name.value for p in backward.params.params} | bound(backward.body)
+
+
+def differentiate(lifted: Lifted, options: Options, source: str) -> Lifted:
+    """Complete `lifted` with the gradients of its temporaries."""
+    return Planner(lifted, options, source).plan()

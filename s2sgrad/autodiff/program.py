@@ -1,0 +1,335 @@
+"""Forward statements as versioned bindings, the shape reverse mode walks.
+
+Takes a differentiator's forward statements; returns a tree of steps (assignments,
+branches, opaque statements) where every binding creates a `Version` of its name, each
+step knows the versions live before it, and each version knows its abstract value and
+whether the name still holds it when forward ends. A name bound in a branch gets a merge
+version after the `if`; the branch records which version each side contributes, so a
+gradient flowing into the merge reaches whichever branch ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from s2sgrad.frontend.model import Differentiator
+from s2sgrad.values import Evaluator, Value, param_value
+
+_AUG_TO_BINARY: dict[type[cst.BaseAugOp], type[cst.BaseBinaryOp]] = {
+    cst.AddAssign: cst.Add,
+    cst.SubtractAssign: cst.Subtract,
+    cst.MultiplyAssign: cst.Multiply,
+    cst.DivideAssign: cst.Divide,
+    cst.PowerAssign: cst.Power,
+    cst.MatrixMultiplyAssign: cst.MatrixMultiply,
+    cst.FloorDivideAssign: cst.FloorDivide,
+    cst.ModuloAssign: cst.Modulo,
+}
+
+
+@dataclass(eq=False)
+class Version:
+    name: str
+    id: int
+    value: Value
+    #: Index of the top-level statement that created it; -1 for parameters.
+    top: int
+    in_branch: bool
+    is_param: bool = False
+    #: The name still holds this version when forward ends.
+    final: bool = False
+
+
+@dataclass(eq=False)
+class Assign:
+    target: Version
+    value: cst.BaseExpression
+    statement: cst.CSTNode
+    before: dict[str, Version]
+    line: int
+    #: Whether the binding is an augmented assignment (`t += x`).
+    augmented: bool = False
+
+
+@dataclass(eq=False)
+class Branch:
+    test: cst.BaseExpression
+    body: list[Step]
+    orelse: list[Step]
+    before: dict[str, Version]
+    line: int
+    #: (merge version, version from the body, version from the else side).
+    merges: list[tuple[Version, Version | None, Version | None]] = field(
+        default_factory=list
+    )
+
+
+@dataclass(eq=False)
+class Opaque:
+    """A statement reverse mode cannot see into (loops, `with`, unpacking a call)."""
+
+    created: list[Version]
+    line: int
+    reason: str
+
+
+Step = Assign | Branch | Opaque
+
+
+@dataclass
+class Program:
+    steps: list[Step]
+    versions: list[Version]
+    params: dict[str, Version]
+    final: dict[str, Version]
+    #: For each merge version (by id): the versions created inside a branch it merges.
+    sides: dict[int, list[Version]] = field(default_factory=dict)
+
+    def at_end(self) -> set[int]:
+        """Versions a backward block can read by name: the name holds them when forward
+        ends, on every path that reaches the block reading them."""
+        found = {v.id for v in self.final.values()}
+        todo = list(found)
+        while todo:
+            for side in self.sides.get(todo.pop(), []):
+                if side.id not in found:
+                    found.add(side.id)
+                    todo.append(side.id)
+        return found
+
+
+class _Builder:
+    def __init__(self, diff: Differentiator, lines: Mapping[cst.CSTNode, int]) -> None:
+        self.diff = diff
+        self.lines = lines
+        self.versions: list[Version] = []
+        self.sides: dict[int, list[Version]] = {}
+
+    def new(self, name: str, value: Value, top: int, in_branch: bool) -> Version:
+        version = Version(name, len(self.versions), value, top, in_branch)
+        self.versions.append(version)
+        return version
+
+    def value(self, node: cst.BaseExpression, env: Mapping[str, Version]) -> Value:
+        values = {name: v.value for name, v in env.items()}
+        return Evaluator(self.diff.qualified_names, values).expr(node)
+
+    def block(
+        self,
+        statements: Sequence[cst.BaseStatement],
+        env: dict[str, Version],
+        top: int | None,
+    ) -> list[Step]:
+        steps: list[Step] = []
+        for i, statement in enumerate(statements):
+            index = i if top is None else top
+            steps += self.statement(statement, env, index, top is not None)
+        return steps
+
+    def statement(
+        self,
+        node: cst.BaseStatement,
+        env: dict[str, Version],
+        top: int,
+        in_branch: bool,
+    ) -> list[Step]:
+        line = self.lines.get(node, 0)
+        if isinstance(node, cst.SimpleStatementLine):
+            steps: list[Step] = []
+            for small in node.body:
+                steps += self.small(small, node, env, top, in_branch, line)
+            return steps
+        if isinstance(node, cst.If):
+            return [self.branch(node, env, top, line)]
+        created = [
+            self.new(n, Value(None, True), top, in_branch) for n in sorted(bound(node))
+        ]
+        env.update({v.name: v for v in created})
+        kind = type(node).__name__
+        return [Opaque(created, line, f"a `{kind}` statement")]
+
+    def branch(
+        self, node: cst.If, env: dict[str, Version], top: int, line: int
+    ) -> Branch:
+        before = dict(env)
+        body_env = dict(env)
+        body = self.block(_suite(node.body), body_env, top)
+        else_env = dict(env)
+        orelse: list[Step] = []
+        if isinstance(node.orelse, cst.If):
+            orelse = [self.branch(node.orelse, else_env, top, line)]
+        elif isinstance(node.orelse, cst.Else):
+            orelse = self.block(_suite(node.orelse.body), else_env, top)
+        merges = []
+        for name in sorted(set(body_env) | set(else_env)):
+            a, b = body_env.get(name), else_env.get(name)
+            if a is b and a is not None:
+                env[name] = a
+                continue
+            value = (a.value if a else Value(None, False)).join(
+                b.value if b else Value(None, False)
+            )
+            merged = self.new(name, value, top, False)
+            merges.append((merged, a, b))
+            for side in (a, b):
+                if side is not None and side is not before.get(name):
+                    self.sides.setdefault(merged.id, []).append(side)
+            env[name] = merged
+        return Branch(node.test, body, orelse, before, line, merges)
+
+    def small(
+        self,
+        node: cst.BaseSmallStatement,
+        statement: cst.CSTNode,
+        env: dict[str, Version],
+        top: int,
+        in_branch: bool,
+        line: int,
+    ) -> list[Step]:
+        before = dict(env)
+        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            return self.assign(
+                node.targets[0].target,
+                node.value,
+                statement,
+                before,
+                env,
+                top,
+                in_branch,
+                line,
+            )
+        if isinstance(node, cst.AnnAssign) and node.value is not None:
+            return self.assign(
+                node.target, node.value, statement, before, env, top, in_branch, line
+            )
+        if isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Name):
+            op = _AUG_TO_BINARY.get(type(node.operator))
+            if op is not None:
+                value = cst.BinaryOperation(node.target, op(), node.value)
+                version = self.new(
+                    node.target.value, self.value(value, before), top, in_branch
+                )
+                env[node.target.value] = version
+                return [Assign(version, value, statement, before, line, augmented=True)]
+        names = sorted(bound(node))
+        if not names:
+            return []
+        created = [self.new(n, Value(None, True), top, in_branch) for n in names]
+        env.update({v.name: v for v in created})
+        return [Opaque(created, line, "a statement with no derivative rule")]
+
+    def assign(
+        self,
+        target: cst.BaseExpression,
+        value: cst.BaseExpression,
+        statement: cst.CSTNode,
+        before: dict[str, Version],
+        env: dict[str, Version],
+        top: int,
+        in_branch: bool,
+        line: int,
+    ) -> list[Step]:
+        if isinstance(target, cst.Name):
+            version = self.new(target.value, self.value(value, before), top, in_branch)
+            env[target.value] = version
+            return [Assign(version, value, statement, before, line)]
+        if (
+            isinstance(target, (cst.Tuple, cst.List))
+            and isinstance(value, (cst.Tuple, cst.List))
+            and len(target.elements) == len(value.elements)
+            and all(isinstance(e.value, cst.Name) for e in target.elements)
+        ):
+            steps: list[Step] = []
+            for t, v in zip(target.elements, value.elements, strict=True):
+                assert isinstance(t.value, cst.Name)
+                version = self.new(
+                    t.value.value, self.value(v.value, before), top, in_branch
+                )
+                env[t.value.value] = version
+                steps.append(Assign(version, v.value, statement, before, line))
+            return steps
+        created = [
+            self.new(n, Value(None, True), top, in_branch)
+            for n in sorted(_bound_target(target))
+        ]
+        env.update({v.name: v for v in created})
+        return [Opaque(created, line, "unpacking a value that is not a tuple literal")]
+
+
+def _suite(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    assert isinstance(suite, cst.SimpleStatementSuite)
+    return [cst.SimpleStatementLine(list(suite.body))]
+
+
+def _bound_target(target: cst.BaseExpression) -> set[str]:
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(_bound_target(e.value) for e in target.elements))
+    if isinstance(target, cst.StarredElement):
+        return _bound_target(target.value)
+    return set()
+
+
+class _Binds(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.names |= _bound_target(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.names |= _bound_target(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.names |= _bound_target(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self.names |= _bound_target(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self.names |= _bound_target(node.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.names |= _bound_target(node.target)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.names.add(node.name.value)
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.names.add(node.name.value)
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def visit_CompFor(self, node: cst.CompFor) -> bool:
+        return False
+
+
+def bound(node: cst.CSTNode) -> set[str]:
+    """Return the names a statement binds (not inside nested functions)."""
+    visitor = _Binds()
+    node.visit(visitor)
+    return visitor.names
+
+
+def build(diff: Differentiator, lines: Mapping[cst.CSTNode, int]) -> Program:
+    """Build the versioned program of `diff`'s forward statements."""
+    builder = _Builder(diff, lines)
+    env: dict[str, Version] = {}
+    params: dict[str, Version] = {}
+    for param in diff.params:
+        version = builder.new(param.name, param_value(param), -1, False)
+        version.is_param = True
+        env[param.name] = params[param.name] = version
+    steps = builder.block(diff.statements, env, None)
+    for version in env.values():
+        version.final = True
+    return Program(steps, builder.versions, params, dict(env), sides=builder.sides)

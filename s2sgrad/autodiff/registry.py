@@ -1,0 +1,148 @@
+"""Load the derivative rules: differentiators in `rules.py`, found by qualified name.
+
+Takes the source of `s2sgrad/autodiff/rules.py` (or of a user's module, for user rules)
+and returns `Rule` records: each rule's parameters with their defaults, its backward body
+and, per parameter, the gradient expression (None where the parameter gets none). Rules
+go through s2sgrad's own frontend, so a rule is checked like any user differentiator.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+from s2sgrad.frontend import parse
+from s2sgrad.frontend.model import Differentiator
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One derivative rule, ready to be inlined."""
+
+    name: str
+    params: tuple[str, ...]
+    defaults: Mapping[str, cst.BaseExpression]
+    #: The backward body without its final return.
+    body: tuple[cst.BaseStatement, ...]
+    #: Per parameter: its gradient expression, or None for a literal `None`.
+    entries: tuple[cst.BaseExpression | None, ...]
+    grad: str
+    #: The name forward binds the result to (`out`), read by some backwards.
+    out: str | None
+    #: The collected remaining positional arguments, for varargs spellings.
+    varargs: str | None = None
+
+
+@dataclass(frozen=True)
+class Registry:
+    rules: Mapping[str, Rule]
+
+
+def rule_from(diff: Differentiator) -> Rule | None:
+    """Build a rule from a differentiator whose backward ends in its only return."""
+    body = (
+        list(diff.backward.body.body)
+        if isinstance(diff.backward.body, cst.IndentedBlock)
+        else []
+    )
+    if not body or not m.matches(body[-1], m.SimpleStatementLine(body=[m.Return()])):
+        return None
+    returns = m.findall(diff.backward.body, m.Return())
+    if len(returns) != 1 or len(diff.grad_params) != 1:
+        return None
+    final = body[-1]
+    assert isinstance(final, cst.SimpleStatementLine)
+    ret = final.body[0]
+    assert isinstance(ret, cst.Return) and ret.value is not None
+    n = len(diff.params)
+    if isinstance(ret.value, cst.Tuple) and len(ret.value.elements) == n:
+        values = [e.value for e in ret.value.elements]
+    elif n == 1:
+        values = [ret.value]
+    else:
+        return None
+    entries = tuple(None if m.matches(v, m.Name("None")) else v for v in values)
+    defaults = {
+        p.name: p.node.default for p in diff.params if p.node.default is not None
+    }
+    out = diff.outputs[0].value if isinstance(diff.outputs[0], cst.Name) else None
+    return Rule(
+        diff.name,
+        tuple(p.name for p in diff.params),
+        defaults,
+        tuple(body[:-1]),
+        entries,
+        diff.grad_params[0],
+        out,
+    )
+
+
+def _table(module: cst.Module, name: str) -> dict[str, str]:
+    """Read a module-level `NAME = {"key": value_name, ...}` dict literal."""
+    table: dict[str, str] = {}
+    for statement in module.body:
+        if not m.matches(
+            statement,
+            m.SimpleStatementLine(
+                body=[m.Assign(targets=[m.AssignTarget(m.Name(name))])]
+            ),
+        ):
+            continue
+        assert isinstance(statement, cst.SimpleStatementLine)
+        assign = statement.body[0]
+        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Dict)
+        for element in assign.value.elements:
+            if isinstance(element, cst.DictElement) and isinstance(
+                element.key, cst.SimpleString
+            ):
+                value = element.value
+                text = (
+                    value.value
+                    if isinstance(value, cst.Name)
+                    else (
+                        str(value.evaluated_value)
+                        if isinstance(value, cst.SimpleString)
+                        else ""
+                    )
+                )
+                table[str(element.key.evaluated_value)] = text
+    return table
+
+
+@functools.cache
+def builtin_registry() -> Registry:
+    """Return the rules shipped in `s2sgrad/autodiff/rules.py`, by qualified name."""
+    source = (
+        importlib.resources.files("s2sgrad.autodiff")
+        .joinpath("rules.py")
+        .read_text("utf-8")
+    )
+    parsed = parse(source, "s2sgrad/autodiff/rules.py")
+    by_name = {}
+    for diff in parsed.differentiators:
+        rule = rule_from(diff)
+        if rule is None:
+            raise AssertionError(f"rule {diff.name} does not follow the rule format")
+        by_name[diff.name] = rule
+    varargs = _table(parsed.module, "VARARGS")
+    rules = {}
+    for qualified, name in _table(parsed.module, "RULES").items():
+        rule = by_name[name]
+        if qualified in varargs:
+            rule = Rule(
+                rule.name,
+                rule.params,
+                rule.defaults,
+                rule.body,
+                rule.entries,
+                rule.grad,
+                rule.out,
+                varargs[qualified],
+            )
+        rules[qualified] = rule
+    return Registry(rules)

@@ -1,0 +1,397 @@
+"""Generate vector-Jacobian code for the forward statements behind promoted temporaries.
+
+Takes the versioned forward program, the versions whose gradients arrive from outside
+(promoted temporaries) and the rule registry; returns reverse-mode statements that add
+each arriving gradient into the accumulators of the values it was computed from, down to
+the inputs. Forward values the code reads are written as placeholders naming a version;
+`resolve` (in `plan.py`) decides how backward reads each one (by name, through a saved
+metadata value, or through a snapshot taken in forward). Invariant: each block runs only
+when its incoming gradient is not None, and every contribution is added None-aware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import libcst as cst
+import libcst.matchers as m
+
+from s2sgrad.autodiff.inline import inline, parenthesize
+from s2sgrad.autodiff.program import Assign, Branch, Opaque, Program, Step, Version
+from s2sgrad.autodiff.registry import Registry, Rule
+from s2sgrad.frontend.model import Differentiator
+from s2sgrad.names import NameAllocator
+from s2sgrad.values import Evaluator, Value
+
+PLACEHOLDER = "__s2sgrad_v{}__"
+ACCUMULATE = "_accumulate"
+
+_OPERATORS: dict[type[cst.BaseBinaryOp], str] = {
+    cst.Add: "operator.add",
+    cst.Subtract: "operator.sub",
+    cst.Multiply: "operator.mul",
+    cst.Divide: "operator.truediv",
+    cst.Power: "operator.pow",
+    cst.MatrixMultiply: "operator.matmul",
+}
+
+
+class NoRule(Exception):
+    """A forward statement reverse mode cannot differentiate, with the reason."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(reason)
+        self.line = line
+        self.reason = reason
+
+
+def placeholder(version: Version) -> cst.Name:
+    return cst.Name(PLACEHOLDER.format(version.id))
+
+
+def placeholder_version(node: cst.CSTNode) -> int | None:
+    """Return the version id a placeholder name stands for, or None."""
+    if isinstance(node, cst.Name) and node.value.startswith("__s2sgrad_v"):
+        return int(node.value[len("__s2sgrad_v") : -2])
+    return None
+
+
+class _Placeholders(cst.CSTTransformer):
+    """Replace reads of forward names with placeholders of the versions live there."""
+
+    def __init__(self, env: Mapping[str, Version]) -> None:
+        self.env = env
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.Attribute:
+        return updated_node.with_changes(value=original_node.value.visit(self))
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def leave_Name(
+        self, original_node: cst.Name, updated_node: cst.Name
+    ) -> cst.BaseExpression:
+        version = self.env.get(original_node.value)
+        return updated_node if version is None else placeholder(version)
+
+
+def slice_of(program: Program, roots: set[int]) -> set[int]:
+    """Return the versions whose gradients matter for the `roots`, or raise NoRule."""
+    needed = set(roots)
+    _slice(program.steps, needed)
+    return needed
+
+
+def _slice(steps: list[Step], needed: set[int]) -> None:
+    for step in reversed(steps):
+        if isinstance(step, Assign) and step.target.id in needed:
+            needed |= {v.id for v in _diff_reads(step.value, step.before)}
+        elif isinstance(step, Branch):
+            for merged, a, b in step.merges:
+                if merged.id in needed:
+                    needed |= {v.id for v in (a, b) if v is not None and v.value.diff}
+                    if a is None or b is None:
+                        prior = step.before.get(merged.name)
+                        if prior is not None:
+                            needed.add(prior.id)
+            _slice(step.body, needed)
+            _slice(step.orelse, needed)
+        elif isinstance(step, Opaque):
+            hit = [v for v in step.created if v.id in needed]
+            if hit:
+                raise NoRule(step.line, f"`{hit[0].name}` comes from {step.reason}")
+
+
+def _diff_reads(node: cst.BaseExpression, env: Mapping[str, Version]) -> list[Version]:
+    found = []
+    for name in m.findall(node, m.Name()):
+        assert isinstance(name, cst.Name)
+        version = env.get(name.value)
+        if version is not None and version.value.diff:
+            found.append(version)
+    return found
+
+
+class Generator:
+    """Emit reverse-mode statements over the steps in a slice."""
+
+    def __init__(
+        self,
+        diff: Differentiator,
+        program: Program,
+        registry: Registry,
+        names: NameAllocator,
+        accumulators: dict[int, str],
+        source: list[str],
+    ) -> None:
+        self.diff = diff
+        self.program = program
+        self.registry = registry
+        self.names = names
+        self.accumulators = accumulators
+        self.source = source
+        self.needed: set[int] = set()
+
+    def accumulator(self, version: Version) -> str:
+        if version.id not in self.accumulators:
+            self.accumulators[version.id] = self.names.fresh(f"grad_{version.name}")
+        return self.accumulators[version.id]
+
+    def run(self, needed: set[int]) -> list[cst.BaseStatement]:
+        self.needed = needed
+        return self.steps(self.program.steps)
+
+    def steps(self, steps: list[Step]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        for step in reversed(steps):
+            if isinstance(step, Assign) and step.target.id in self.needed:
+                out += self.assign(step)
+            elif isinstance(step, Branch):
+                out += self.branch(step)
+        return out
+
+    def branch(self, step: Branch) -> list[cst.BaseStatement]:
+        body = self._transfers(step, 1) + self.steps(step.body)
+        orelse = self._transfers(step, 2) + self.steps(step.orelse)
+        if not body and not orelse:
+            return []
+        test = step.test.visit(_Placeholders(step.before))
+        assert isinstance(test, cst.BaseExpression)
+        block = cst.IndentedBlock(body or [cst.SimpleStatementLine([cst.Pass()])])
+        else_ = cst.Else(cst.IndentedBlock(orelse)) if orelse else None
+        return [cst.If(test=test, body=block, orelse=else_)]
+
+    def _transfers(self, step: Branch, side: int) -> list[cst.BaseStatement]:
+        """Hand the gradient of each merged name to the version this side produced."""
+        out: list[cst.BaseStatement] = []
+        for merge in step.merges:
+            merged = merge[0]
+            source = merge[side] or step.before.get(merged.name)
+            if merged.id not in self.needed or source is None or not source.value.diff:
+                continue
+            out.append(self._accumulate(source, cst.Name(self.accumulator(merged))))
+        return out
+
+    def _accumulate(
+        self, version: Version, grad: cst.BaseExpression
+    ) -> cst.SimpleStatementLine:
+        acc = self.accumulator(version)
+        call = cst.Call(cst.Name(ACCUMULATE), [cst.Arg(cst.Name(acc)), cst.Arg(grad)])
+        return cst.SimpleStatementLine(
+            [cst.Assign([cst.AssignTarget(cst.Name(acc))], call)]
+        )
+
+    def assign(self, step: Assign) -> list[cst.BaseStatement]:
+        acc = cst.Name(self.accumulator(step.target))
+        body: list[cst.BaseStatement] = []
+        self.expr(
+            step.value, acc, placeholder(step.target), step.before, body, step.line
+        )
+        if not body:
+            return []
+        text = (
+            self.source[step.line - 1].strip()
+            if 0 < step.line <= len(self.source)
+            else ""
+        )
+        comment = cst.EmptyLine(comment=cst.Comment(f"# line {step.line}: {text}"))
+        first = body[0]
+        body[0] = first.with_changes(leading_lines=[comment, *first.leading_lines])
+        test = cst.parse_expression(f"{acc.value} is not None")
+        return [cst.If(test=test, body=cst.IndentedBlock(body))]
+
+    # -- expressions -----------------------------------------------------------------
+    def value(self, node: cst.BaseExpression, env: Mapping[str, Version]) -> Value:
+        return Evaluator(
+            self.diff.qualified_names, {n: v.value for n, v in env.items()}
+        ).expr(node)
+
+    def expr(
+        self,
+        node: cst.BaseExpression,
+        grad: cst.BaseExpression,
+        out: cst.BaseExpression,
+        env: Mapping[str, Version],
+        body: list[cst.BaseStatement],
+        line: int,
+    ) -> None:
+        """Add the statements that send `grad` (the gradient of `node`) to its operands."""
+        if not self.value(node, env).diff:
+            return
+        if isinstance(node, cst.Name):
+            version = env.get(node.value)
+            if version is not None:
+                body.append(self._accumulate(version, grad))
+            return
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Plus):
+            self.expr(node.expression, grad, out, env, body, line)
+            return
+        rule, args = self.match(node, env, line)
+        wanted = {
+            i
+            for i, p in enumerate(rule.params)
+            if rule.entries[i] is not None
+            and p in args
+            and self.value(args[p], env).diff
+        }
+        ph = _Placeholders(env)
+        converted = {p: _expr(a.visit(ph)) for p, a in args.items()}
+        result = inline(rule, converted, grad, out, wanted, self.names)
+        body += result.statements
+        for i in sorted(wanted):
+            entry = result.entries[i]
+            assert entry is not None
+            self.operand(args[rule.params[i]], entry, env, body, line, rule)
+
+    def operand(
+        self,
+        arg: cst.BaseExpression,
+        entry: cst.BaseExpression,
+        env: Mapping[str, Version],
+        body: list[cst.BaseStatement],
+        line: int,
+        rule: Rule,
+    ) -> None:
+        """Send a rule's gradient entry on to one argument expression."""
+        if isinstance(arg, cst.Name):
+            self.expr(arg, entry, arg, env, body, line)
+            return
+        name = cst.Name(self.names.fresh(f"grad_{rule.name.rstrip('_')}"))
+        body.append(
+            cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(name)], entry)])
+        )
+        if isinstance(arg, (cst.List, cst.Tuple)):
+            for j, element in enumerate(arg.elements):
+                item = cst.Subscript(
+                    name, [cst.SubscriptElement(cst.Index(cst.Integer(str(j))))]
+                )
+                self.expr(element.value, item, element.value, env, body, line)
+            return
+        out = _expr(arg.visit(_Placeholders(env)))
+        self.expr(arg, name, out, env, body, line)
+
+    def match(
+        self, node: cst.BaseExpression, env: Mapping[str, Version], line: int
+    ) -> tuple[Rule, dict[str, cst.BaseExpression]]:
+        """Find the rule for `node` and bind its operands to the rule's parameters."""
+        code = cst.Module([]).code_for_node(node)
+        if isinstance(node, cst.BinaryOperation):
+            key = _OPERATORS.get(type(node.operator))
+            positional = [node.left, node.right]
+            keywords: dict[str, cst.BaseExpression] = {}
+        elif isinstance(node, cst.UnaryOperation) and isinstance(
+            node.operator, cst.Minus
+        ):
+            key, positional, keywords = "operator.neg", [node.expression], {}
+        elif isinstance(node, cst.Subscript):
+            key, positional, keywords = (
+                "operator.getitem",
+                [node.value, _index(node)],
+                {},
+            )
+        elif isinstance(node, cst.Call):
+            key, positional, keywords = self._call(node, env, line)
+        else:
+            raise NoRule(line, f"no derivative rule for `{code}`")
+        rule = self.registry.rules.get(key or "")
+        if rule is None:
+            raise NoRule(line, f"no derivative rule for `{code}`")
+        return rule, _bind(rule, positional, keywords, line, code)
+
+    def _call(
+        self, node: cst.Call, env: Mapping[str, Version], line: int
+    ) -> tuple[str, list[cst.BaseExpression], dict[str, cst.BaseExpression]]:
+        positional: list[cst.BaseExpression] = []
+        keywords: dict[str, cst.BaseExpression] = {}
+        for arg in node.args:
+            if arg.star:
+                raise NoRule(
+                    line, "a call with `*` or `**` arguments has no derivative rule"
+                )
+            if arg.keyword is None:
+                positional.append(arg.value)
+            else:
+                keywords[arg.keyword.value] = arg.value
+        qualified = self.diff.qualified_names.get(node.func, "")
+        if qualified.startswith("torch."):
+            return qualified, positional, keywords
+        func = node.func
+        if isinstance(func, cst.Attribute) and self.value(func.value, env).tensor:
+            return (
+                f"torch.Tensor.{func.attr.value}",
+                [func.value, *positional],
+                keywords,
+            )
+        return qualified, positional, keywords
+
+
+def _expr(node: cst.CSTNode) -> cst.BaseExpression:
+    assert isinstance(node, cst.BaseExpression)
+    return node
+
+
+def _index(node: cst.Subscript) -> cst.BaseExpression:
+    """Return the index of `x[...]` as one expression (a tuple for `x[a, b]`)."""
+    parts: list[cst.BaseExpression] = []
+    for element in node.slice:
+        part = element.slice
+        if isinstance(part, cst.Index):
+            parts.append(part.value)
+        else:
+            assert isinstance(part, cst.Slice)
+            args = [part.lower or cst.Name("None"), part.upper or cst.Name("None")]
+            if part.step is not None:
+                args.append(part.step)
+            parts.append(cst.Call(cst.Name("slice"), [cst.Arg(a) for a in args]))
+    if len(parts) == 1:
+        return parts[0]
+    return cst.Tuple([cst.Element(p) for p in parts])
+
+
+def _bind(
+    rule: Rule,
+    positional: list[cst.BaseExpression],
+    keywords: Mapping[str, cst.BaseExpression],
+    line: int,
+    code: str,
+) -> dict[str, cst.BaseExpression]:
+    """Bind call arguments to a rule's parameters as Python would, varargs included."""
+    bound: dict[str, cst.BaseExpression] = {}
+    params = list(rule.params)
+    if rule.varargs is not None:
+        at = params.index(rule.varargs)
+        head, rest = positional[:at], positional[at:]
+        if rest:
+            packed = cst.Tuple([cst.Element(parenthesize(a)) for a in rest])
+            bound[rule.varargs] = packed
+        positional = head
+    if len(positional) > len(params):
+        raise NoRule(
+            line, f"`{code}` passes more arguments than its rule `{rule.name}` takes"
+        )
+    for name, value in zip(params, positional, strict=False):
+        bound[name] = value
+    for key, value in keywords.items():
+        if key not in params or key in bound:
+            raise NoRule(
+                line,
+                f"`{code}`: the rule `{rule.name}` has no parameter `{key}` to bind",
+            )
+        bound[key] = value
+    for name in params:
+        if name not in bound:
+            default = rule.defaults.get(name)
+            if default is None:
+                raise NoRule(
+                    line, f"`{code}` leaves `{name}` of rule `{rule.name}` unbound"
+                )
+            bound[name] = default
+    return bound

@@ -1,0 +1,124 @@
+"""The body of `f_backward`: the closure's own backward, then the generated VJP blocks.
+
+Takes a `Lifted` record; returns the statements after the context is unpacked. Without
+promoted temporaries this is the closure's body as written (after any recomputation).
+With them, the closure's final `return` becomes an assignment to one gradient variable
+per forward parameter, the closure's part runs only when its output gradients arrive,
+and each VJP block adds the gradient of a promoted temporary into those variables.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from s2sgrad.lift import Lifted, Recompute
+
+
+def _comment(text: str) -> cst.EmptyLine:
+    return cst.EmptyLine(comment=cst.Comment(f"# {text}"))
+
+
+def _statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    assert isinstance(suite, cst.SimpleStatementSuite)
+    return [cst.SimpleStatementLine(list(suite.body))]
+
+
+def recompute_call(plan: Recompute) -> list[cst.BaseStatement]:
+    targets = ", ".join(plan.targets)
+    if len(plan.targets) == 1:
+        targets += ","
+    call = cst.parse_statement(f"{targets} = {plan.function}({', '.join(plan.args)})\n")
+    notes = [_comment("Recomputed from saved inputs (correct at every order):")]
+    notes += [_comment(f"  {reason}") for reason in plan.reasons]
+    return [call.with_changes(leading_lines=notes)]
+
+
+def gradient_body(lifted: Lifted, names: object = None) -> list[cst.BaseStatement]:
+    """Return f_backward's statements after the context is unpacked."""
+    grads = lifted.gradients
+    user = _statements(lifted.backward_body)
+    prologue = recompute_call(grads.recompute) if grads and grads.recompute else []
+    if grads is None or not grads.incoming:
+        return prologue + user
+    diff = lifted.source
+    results = list(grads.results)
+    body = prologue + [cst.parse_statement(f"{' = '.join(results)} = None\n")]
+    closure, bare = _closure_part(lifted, results, user)
+    test = " or ".join(f"{g} is not None" for g in diff.grad_params)
+    guard = cst.If(cst.parse_expression(test), cst.IndentedBlock(closure))
+    body.append(
+        guard.with_changes(
+            leading_lines=[
+                _comment(f"The closure `{diff.backward.name.value}`, as written.")
+            ]
+        )
+    )
+    if grads.inits:
+        body.append(cst.parse_statement(f"{' = '.join(grads.inits)} = None\n"))
+    blocks = list(grads.blocks)
+    if blocks:
+        first = blocks[0]
+        note = _comment("Gradients of the promoted temporaries, back to the inputs.")
+        blocks[0] = first.with_changes(leading_lines=[note, *first.leading_lines])
+    body += blocks
+    returned = (
+        results[0] if bare else ", ".join(results) + ("," if len(results) == 1 else "")
+    )
+    body.append(cst.parse_statement(f"return {returned}\n"))
+    return body
+
+
+def _closure_part(
+    lifted: Lifted, results: list[str], user: list[cst.BaseStatement]
+) -> tuple[list[cst.BaseStatement], bool]:
+    """Turn the closure's final return into assignments to the gradient variables."""
+    returns = m.findall(cst.Module(body=user), m.Return())
+    final = user[-1] if user else None
+    if (
+        len(returns) == 1
+        and isinstance(final, cst.SimpleStatementLine)
+        and isinstance(final.body[-1], cst.Return)
+    ):
+        ret = final.body[-1]
+        assign = _assign(results, ret.value)
+        head = list(final.body[:-1])
+        line = [*head, *([assign] if assign else [])] or [cst.Pass()]
+        bare = len(results) == 1 and not isinstance(ret.value, cst.Tuple)
+        return [*user[:-1], final.with_changes(body=line)], bare
+    return _nested(lifted, results, user), False
+
+
+def _assign(results: list[str], value: cst.BaseExpression | None) -> cst.Assign | None:
+    if value is None or m.matches(value, m.Name("None")):
+        return None
+    targets = ", ".join(results) + (
+        "," if len(results) == 1 and isinstance(value, cst.Tuple) else ""
+    )
+    target = (
+        cst.parse_expression(targets)
+        if len(results) > 1 or isinstance(value, cst.Tuple)
+        else cst.Name(results[0])
+    )
+    return cst.Assign([cst.AssignTarget(target)], value)
+
+
+def _nested(
+    lifted: Lifted, results: list[str], user: list[cst.BaseStatement]
+) -> list[cst.BaseStatement]:
+    """Keep a closure with several returns as a nested function and call it."""
+    diff = lifted.source
+    name = diff.backward.name.value
+    nested = diff.backward.with_changes(body=cst.IndentedBlock(user), leading_lines=[])
+    call = f"{name}({', '.join(diff.grad_params)})"
+    n = len(results)
+    if n == 1:
+        tail = cst.parse_statement(f"{results[0]} = {call}\n")
+    else:
+        nones = ", ".join(["None"] * n)
+        tail = cst.parse_statement(
+            f"{', '.join(results)} = ({nones}) if (grads := {call}) is None else grads\n"
+        )
+    return [nested, tail]
