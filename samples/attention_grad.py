@@ -27,13 +27,15 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         scale: constant (no differentiable input)
         k: input
         q: input
-        q_dim: metadata `q.dim()`; `q` itself is not kept alive
-        q_shape: metadata `q.shape`; `q` itself is not kept alive
+        scores_matmul_shape: metadata `scores_matmul.shape`
+        q_dim: metadata `q.dim()`
+        q_shape: metadata `q.shape`
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = q @ k.transpose(-2, -1) * scale
+    scores_matmul = q @ k.transpose(-2, -1)
+    scores = scores_matmul * scale
     p = torch.softmax(scores, dim=-1)
-    return p @ v, (p, v, scale, k, q, q.dim(), q.shape)
+    return p @ v, (p, v, scale, k, q, scores_matmul.shape, q.dim(), q.shape)
 
 
 def attention_backward(ctx, grad, *, grad_p=None):
@@ -41,25 +43,24 @@ def attention_backward(ctx, grad, *, grad_p=None):
 
     The closure `backward` of samples/attention.py:22, with its captures read from `ctx`.
     """
-    p, v, scale, k, q, q_dim, q_shape = ctx
-    grad_q_1 = grad_k_1 = grad_v_1 = None
+    p, v, scale, k, q, scores_matmul_shape, q_dim, q_shape = ctx
+    grad_q = grad_k = grad_v = None
     # The closure `backward`, as written.
     if grad is not None:
         grad_v = p.transpose(-2, -1) @ grad
         grad_s = _softmax_backward(p, grad @ v.transpose(-2, -1)) * scale
         grad_q = grad_s @ k
         grad_k = grad_s.transpose(-2, -1) @ q
-        grad_q_1, grad_k_1, grad_v_1 = grad_q, grad_k, grad_v
     grad_scores = None
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_p is not None:
         # line 21: p = torch.softmax(scores, dim=-1)
         grad_scores = _accumulate(
-            grad_scores, p * (grad_p - (grad_p * p).sum((-1), keepdim=True))
+            grad_scores, p * (grad_p - (grad_p * p).sum(-1, keepdim=True))
         )
     if grad_scores is not None:
         # line 20: scores = q @ k.transpose(-2, -1) * scale
-        grad_mul = (grad_scores * scale).sum_to_size((q @ k.transpose(-2, -1)).shape)
+        grad_mul = (grad_scores * scale).sum_to_size(scores_matmul_shape)
         # Promote 1-D operands (and the matching dims of grad) to matrices.
         x_mat = q.unsqueeze(-2) if q_dim == 1 else q
         other_mat = (
@@ -71,44 +72,57 @@ def attention_backward(ctx, grad, *, grad_p=None):
         grad_mat = grad_col.unsqueeze(-2) if q_dim == 1 else grad_col
         grad_x = grad_mat @ other_mat.transpose(-1, -2)
         grad_other = x_mat.transpose(-1, -2) @ grad_mat
-        grad_q_1 = _accumulate(grad_q_1, grad_x.sum_to_size(q_shape))
+        grad_q = _accumulate(grad_q, grad_x.sum_to_size(q_shape))
         grad_matmul = (
             grad_other.squeeze(-1) if k.transpose(-2, -1).ndim == 1 else grad_other
         ).sum_to_size(k.transpose(-2, -1).shape)
-        grad_k_1 = _accumulate(grad_k_1, grad_matmul.transpose((-2), (-1)))
-    return grad_q_1, grad_k_1, grad_v_1
+        grad_k = _accumulate(grad_k, grad_matmul.transpose(-2, -1))
+    return grad_q, grad_k, grad_v
 
 
 class AttentionFunction(torch.autograd.Function):
     """`attention` as an autograd Function.
 
-    forward also returns p, scale, q_dim, q_shape, for setup_context to save.
+    forward also returns p, scale, scores_matmul_shape, q_dim, q_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(q, k, v):
-        result, (p, _, scale, _, _, q_dim, q_shape) = attention_forward(q, k, v)
-        return result, p, scale, q_dim, q_shape
+        result, (p, _, scale, _, _, scores_matmul_shape, q_dim, q_shape) = (
+            attention_forward(q, k, v)
+        )
+        return result, p, scale, scores_matmul_shape, q_dim, q_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         q, k, v = inputs
-        _, p, scale, q_dim, q_shape = output
+        _, p, scale, scores_matmul_shape, q_dim, q_shape = output
         ctx.save_for_backward(p, v, k, q)
         ctx.scale = scale
+        ctx.scores_matmul_shape = scores_matmul_shape
         ctx.q_dim = q_dim
         ctx.q_shape = q_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad, grad_p, grad_scale, grad_q_dim, grad_q_shape):
+    def backward(
+        ctx,
+        grad,
+        grad_p,
+        grad_scale,
+        grad_scores_matmul_shape,
+        grad_q_dim,
+        grad_q_shape,
+    ):
         if grad is None and grad_p is None:
             return None, None, None
         p, v, k, q = ctx.saved_tensors
         return attention_backward(
-            (p, v, ctx.scale, k, q, ctx.q_dim, ctx.q_shape), grad, grad_p=grad_p
+            (p, v, ctx.scale, k, q, ctx.scores_matmul_shape, ctx.q_dim, ctx.q_shape),
+            grad,
+            grad_p=grad_p,
         )
 
 
@@ -129,14 +143,16 @@ def causal_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         k: input
         q: input
         mask: constant (no differentiable input)
-        q_dim: metadata `q.dim()`; `q` itself is not kept alive
-        q_shape: metadata `q.shape`; `q` itself is not kept alive
+        scores_matmul_shape: metadata `scores_matmul.shape`
+        q_dim: metadata `q.dim()`
+        q_shape: metadata `q.shape`
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     mask = _causal_mask(q.shape[-2], k.shape[-2], q.device)
-    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask, float("-inf"))
+    scores_matmul = q @ k.transpose(-2, -1)
+    scores = (scores_matmul * scale).masked_fill(~mask, float("-inf"))
     p = torch.softmax(scores, dim=-1)
-    return p @ v, (p, v, scale, k, q, mask, q.dim(), q.shape)
+    return p @ v, (p, v, scale, k, q, mask, scores_matmul.shape, q.dim(), q.shape)
 
 
 def causal_attention_backward(ctx, grad, *, grad_p=None):
@@ -144,26 +160,24 @@ def causal_attention_backward(ctx, grad, *, grad_p=None):
 
     The closure `backward` of samples/attention.py:37, with its captures read from `ctx`.
     """
-    p, v, scale, k, q, mask, q_dim, q_shape = ctx
-    grad_q = grad_k = grad_v_1 = None
+    p, v, scale, k, q, mask, scores_matmul_shape, q_dim, q_shape = ctx
+    grad_q = grad_k = grad_v = None
     # The closure `backward`, as written.
     if grad is not None:
         grad_v = p.transpose(-2, -1) @ grad
         grad_s = _softmax_backward(p, grad @ v.transpose(-2, -1)) * scale
-        grad_q, grad_k, grad_v_1 = grad_s @ k, grad_s.transpose(-2, -1) @ q, grad_v
+        grad_q, grad_k = grad_s @ k, grad_s.transpose(-2, -1) @ q
     grad_scores = None
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_p is not None:
         # line 36: p = torch.softmax(scores, dim=-1)
         grad_scores = _accumulate(
-            grad_scores, p * (grad_p - (grad_p * p).sum((-1), keepdim=True))
+            grad_scores, p * (grad_p - (grad_p * p).sum(-1, keepdim=True))
         )
     if grad_scores is not None:
         # line 35: scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask, float("-inf"))
         grad_masked_fill = grad_scores.masked_fill((~mask), 0.0)
-        grad_mul = (grad_masked_fill * scale).sum_to_size(
-            (q @ k.transpose(-2, -1)).shape
-        )
+        grad_mul = (grad_masked_fill * scale).sum_to_size(scores_matmul_shape)
         # Promote 1-D operands (and the matching dims of grad) to matrices.
         x_mat = q.unsqueeze(-2) if q_dim == 1 else q
         other_mat = (
@@ -179,43 +193,63 @@ def causal_attention_backward(ctx, grad, *, grad_p=None):
         grad_matmul = (
             grad_other.squeeze(-1) if k.transpose(-2, -1).ndim == 1 else grad_other
         ).sum_to_size(k.transpose(-2, -1).shape)
-        grad_k = _accumulate(grad_k, grad_matmul.transpose((-2), (-1)))
-    return grad_q, grad_k, grad_v_1
+        grad_k = _accumulate(grad_k, grad_matmul.transpose(-2, -1))
+    return grad_q, grad_k, grad_v
 
 
 class CausalAttentionFunction(torch.autograd.Function):
     """`causal_attention` as an autograd Function.
 
-    forward also returns p, scale, mask, q_dim, q_shape, for setup_context to save.
+    forward also returns p, scale, mask, scores_matmul_shape, q_dim, q_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(q, k, v):
-        result, (p, _, scale, _, _, mask, q_dim, q_shape) = causal_attention_forward(
-            q, k, v
+        result, (p, _, scale, _, _, mask, scores_matmul_shape, q_dim, q_shape) = (
+            causal_attention_forward(q, k, v)
         )
-        return result, p, scale, mask, q_dim, q_shape
+        return result, p, scale, mask, scores_matmul_shape, q_dim, q_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         q, k, v = inputs
-        _, p, scale, mask, q_dim, q_shape = output
+        _, p, scale, mask, scores_matmul_shape, q_dim, q_shape = output
         ctx.save_for_backward(p, v, k, q)
         ctx.scale = scale
         ctx.mask = mask
+        ctx.scores_matmul_shape = scores_matmul_shape
         ctx.q_dim = q_dim
         ctx.q_shape = q_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad, grad_p, grad_scale, grad_mask, grad_q_dim, grad_q_shape):
+    def backward(
+        ctx,
+        grad,
+        grad_p,
+        grad_scale,
+        grad_mask,
+        grad_scores_matmul_shape,
+        grad_q_dim,
+        grad_q_shape,
+    ):
         if grad is None and grad_p is None:
             return None, None, None
         p, v, k, q = ctx.saved_tensors
         return causal_attention_backward(
-            (p, v, ctx.scale, k, q, ctx.mask, ctx.q_dim, ctx.q_shape),
+            (
+                p,
+                v,
+                ctx.scale,
+                k,
+                q,
+                ctx.mask,
+                ctx.scores_matmul_shape,
+                ctx.q_dim,
+                ctx.q_shape,
+            ),
             grad,
             grad_p=grad_p,
         )

@@ -115,7 +115,7 @@ def div_forward(a: torch.Tensor, b: torch.Tensor):
 
     Context:
         b: input
-        a_shape: metadata `a.shape`; `a` itself is not kept alive
+        a_shape: metadata `a.shape`
         out: output
     """
     out = a / b

@@ -30,14 +30,27 @@ def mlp_forward(
         a: temporary of the inputs, promoted: its gradient flows back
         w1: input
         x: input
-        x_dim: metadata `x.dim()`; `x` itself is not kept alive
-        x_shape: metadata `x.shape`; `x` itself is not kept alive
-        w1_dim: metadata `w1.dim()`; `w1` itself is not kept alive
-        w1_shape: metadata `w1.shape`; `w1` itself is not kept alive
-        b1_shape: metadata `b1.shape`; `b1` itself is not kept alive
+        a_matmul_shape: metadata `a_matmul.shape`
+        x_dim: metadata `x.dim()`
+        x_shape: metadata `x.shape`
+        w1_dim: metadata `w1.dim()`
+        w1_shape: metadata `w1.shape`
+        b1_shape: metadata `b1.shape`
     """
-    a = torch.tanh(x @ w1 + b1)
-    return a @ w2 + b2, (w2, a, w1, x, x.dim(), x.shape, w1.dim(), w1.shape, b1.shape)
+    a_matmul = x @ w1
+    a = torch.tanh(a_matmul + b1)
+    return a @ w2 + b2, (
+        w2,
+        a,
+        w1,
+        x,
+        a_matmul.shape,
+        x.dim(),
+        x.shape,
+        w1.dim(),
+        w1.shape,
+        b1.shape,
+    )
 
 
 def mlp_backward(ctx, grad, *, grad_a_1=None):
@@ -45,7 +58,7 @@ def mlp_backward(ctx, grad, *, grad_a_1=None):
 
     The closure `backward` of samples/mlp.py:8, with its captures read from `ctx`.
     """
-    w2, a, w1, x, x_dim, x_shape, w1_dim, w1_shape, b1_shape = ctx
+    w2, a, w1, x, a_matmul_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape = ctx
     grad_x = grad_w1 = grad_b1 = grad_w2 = grad_b2 = None
     # The closure `backward`, as written.
     if grad is not None:
@@ -62,7 +75,7 @@ def mlp_backward(ctx, grad, *, grad_a_1=None):
     if grad_a_1 is not None:
         # line 7: a = torch.tanh(x @ w1 + b1)
         grad_tanh = grad_a_1 * (1.0 - a * a)
-        grad_add = grad_tanh.sum_to_size((x @ w1).shape)
+        grad_add = grad_tanh.sum_to_size(a_matmul_shape)
         # Promote 1-D operands (and the matching dims of grad) to matrices.
         x_mat = x.unsqueeze(-2) if x_dim == 1 else x
         other_mat = w1.unsqueeze(-1) if w1_dim == 1 else w1
@@ -84,23 +97,33 @@ def mlp_backward(ctx, grad, *, grad_a_1=None):
 class MlpFunction(torch.autograd.Function):
     """`mlp` as an autograd Function.
 
-    forward also returns a, x_dim, x_shape, w1_dim, w1_shape, b1_shape, for setup_context to save.
+    forward also returns a, a_matmul_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, w1, b1, w2, b2):
-        result, (_, a, _, _, x_dim, x_shape, w1_dim, w1_shape, b1_shape) = mlp_forward(
-            x, w1, b1, w2, b2
-        )
-        return result, a, x_dim, x_shape, w1_dim, w1_shape, b1_shape
+        result, (
+            _,
+            a,
+            _,
+            _,
+            a_matmul_shape,
+            x_dim,
+            x_shape,
+            w1_dim,
+            w1_shape,
+            b1_shape,
+        ) = mlp_forward(x, w1, b1, w2, b2)
+        return result, a, a_matmul_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, w1, _, w2, _ = inputs
-        _, a, x_dim, x_shape, w1_dim, w1_shape, b1_shape = output
+        _, a, a_matmul_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape = output
         ctx.save_for_backward(w2, a, w1, x)
+        ctx.a_matmul_shape = a_matmul_shape
         ctx.x_dim = x_dim
         ctx.x_shape = x_shape
         ctx.w1_dim = w1_dim
@@ -113,6 +136,7 @@ class MlpFunction(torch.autograd.Function):
         ctx,
         grad,
         grad_a_1,
+        grad_a_matmul_shape,
         grad_x_dim,
         grad_x_shape,
         grad_w1_dim,
@@ -128,6 +152,7 @@ class MlpFunction(torch.autograd.Function):
                 a,
                 w1,
                 x,
+                ctx.a_matmul_shape,
                 ctx.x_dim,
                 ctx.x_shape,
                 ctx.w1_dim,
@@ -167,14 +192,16 @@ def relu_mlp_forward(
         w1: input
         x: input
         a: temporary of the inputs, promoted: its gradient flows back
-        h_shape: metadata `h.shape`; `h` itself is not kept alive
-        x_dim: metadata `x.dim()`; `x` itself is not kept alive
-        x_shape: metadata `x.shape`; `x` itself is not kept alive
-        w1_dim: metadata `w1.dim()`; `w1` itself is not kept alive
-        w1_shape: metadata `w1.shape`; `w1` itself is not kept alive
-        b1_shape: metadata `b1.shape`; `b1` itself is not kept alive
+        h_shape: metadata `h.shape`
+        h_matmul_shape: metadata `h_matmul.shape`
+        x_dim: metadata `x.dim()`
+        x_shape: metadata `x.shape`
+        w1_dim: metadata `w1.dim()`
+        w1_shape: metadata `w1.shape`
+        b1_shape: metadata `b1.shape`
     """
-    h = x @ w1 + b1
+    h_matmul = x @ w1
+    h = h_matmul + b1
     mask = h > 0
     a = h * mask
     return a @ w2 + b2, (
@@ -184,6 +211,7 @@ def relu_mlp_forward(
         x,
         a,
         h.shape,
+        h_matmul.shape,
         x.dim(),
         x.shape,
         w1.dim(),
@@ -197,7 +225,20 @@ def relu_mlp_backward(ctx, grad, *, grad_a=None):
 
     The closure `backward` of samples/mlp.py:21, with its captures read from `ctx`.
     """
-    w2, mask, w1, x, a, h_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape = ctx
+    (
+        w2,
+        mask,
+        w1,
+        x,
+        a,
+        h_shape,
+        h_matmul_shape,
+        x_dim,
+        x_shape,
+        w1_dim,
+        w1_shape,
+        b1_shape,
+    ) = ctx
     grad_x = grad_w1 = grad_b1 = grad_w2 = grad_b2 = None
     # The closure `backward`, as written.
     if grad is not None:
@@ -216,7 +257,7 @@ def relu_mlp_backward(ctx, grad, *, grad_a=None):
         grad_h_1 = _accumulate(grad_h_1, (grad_a * mask).sum_to_size(h_shape))
     if grad_h_1 is not None:
         # line 18: h = x @ w1 + b1
-        grad_add = grad_h_1.sum_to_size((x @ w1).shape)
+        grad_add = grad_h_1.sum_to_size(h_matmul_shape)
         # Promote 1-D operands (and the matching dims of grad) to matrices.
         x_mat = x.unsqueeze(-2) if x_dim == 1 else x
         other_mat = w1.unsqueeze(-1) if w1_dim == 1 else w1
@@ -238,7 +279,7 @@ def relu_mlp_backward(ctx, grad, *, grad_a=None):
 class ReluMlpFunction(torch.autograd.Function):
     """`relu_mlp` as an autograd Function.
 
-    forward also returns mask, a, h_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape, for setup_context to save.
+    forward also returns mask, a, h_shape, h_matmul_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
@@ -252,21 +293,45 @@ class ReluMlpFunction(torch.autograd.Function):
             _,
             a,
             h_shape,
+            h_matmul_shape,
             x_dim,
             x_shape,
             w1_dim,
             w1_shape,
             b1_shape,
         ) = relu_mlp_forward(x, w1, b1, w2, b2)
-        return result, mask, a, h_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape
+        return (
+            result,
+            mask,
+            a,
+            h_shape,
+            h_matmul_shape,
+            x_dim,
+            x_shape,
+            w1_dim,
+            w1_shape,
+            b1_shape,
+        )
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, w1, _, w2, _ = inputs
-        _, mask, a, h_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape = output
+        (
+            _,
+            mask,
+            a,
+            h_shape,
+            h_matmul_shape,
+            x_dim,
+            x_shape,
+            w1_dim,
+            w1_shape,
+            b1_shape,
+        ) = output
         ctx.mark_non_differentiable(mask)
         ctx.save_for_backward(w2, mask, w1, x, a)
         ctx.h_shape = h_shape
+        ctx.h_matmul_shape = h_matmul_shape
         ctx.x_dim = x_dim
         ctx.x_shape = x_shape
         ctx.w1_dim = w1_dim
@@ -281,6 +346,7 @@ class ReluMlpFunction(torch.autograd.Function):
         grad_mask,
         grad_a,
         grad_h_shape,
+        grad_h_matmul_shape,
         grad_x_dim,
         grad_x_shape,
         grad_w1_dim,
@@ -298,6 +364,7 @@ class ReluMlpFunction(torch.autograd.Function):
                 x,
                 a,
                 ctx.h_shape,
+                ctx.h_matmul_shape,
                 ctx.x_dim,
                 ctx.x_shape,
                 ctx.w1_dim,

@@ -22,11 +22,11 @@ def mean_var_forward(x: torch.Tensor, dim: int = -1):
     Context:
         xc: temporary of the inputs, promoted: its gradient flows back
         n: constant (no differentiable input)
-        x_dim: metadata `x.dim()`; `x` itself is not kept alive
-        x_numel: metadata `x.numel()`; `x` itself is not kept alive
-        x_shape: metadata `x.shape`; `x` itself is not kept alive
-        mean_numel: metadata `mean.numel()`; `mean` itself is not kept alive
-        mean_shape: metadata `mean.shape`; `mean` itself is not kept alive
+        x_dim: metadata `x.dim()`
+        x_numel: metadata `x.numel()`
+        x_shape: metadata `x.shape`
+        mean_numel: metadata `mean.numel()`
+        mean_shape: metadata `mean.shape`
         dim: input
     """
     n = x.shape[dim]
@@ -54,7 +54,7 @@ def mean_var_backward(ctx, grad_mean, grad_var, *, grad_xc=None):
     grad_x = grad_dim = None
     # The closure `backward`, as written.
     if grad_mean is not None or grad_var is not None:
-        grad_x, grad_dim = (grad_mean + 2.0 * grad_var * xc) / n, None
+        grad_x = (grad_mean + 2.0 * grad_var * xc) / n
     grad_mean_1 = None
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_xc is not None:

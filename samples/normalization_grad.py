@@ -25,20 +25,23 @@ def layer_norm_forward(
         weight: input
         rstd: temporary of the inputs, promoted: its gradient flows back
         x_hat: temporary of the inputs, promoted: its gradient flows back
-        bias_shape: metadata `bias.shape`; `bias` itself is not kept alive
-        rstd_shape: metadata `rstd.shape`; `rstd` itself is not kept alive
+        bias_shape: metadata `bias.shape`
+        rstd_shape: metadata `rstd.shape`
         xc: temporary of the inputs, promoted: its gradient flows back
-        xc_shape: metadata `xc.shape`; `xc` itself is not kept alive
-        var_numel: metadata `var.numel()`; `var` itself is not kept alive
-        var_shape: metadata `var.shape`; `var` itself is not kept alive
-        x_numel: metadata `x.numel()`; `x` itself is not kept alive
-        x_shape: metadata `x.shape`; `x` itself is not kept alive
-        mean_numel: metadata `mean.numel()`; `mean` itself is not kept alive
-        mean_shape: metadata `mean.shape`; `mean` itself is not kept alive
+        xc_shape: metadata `xc.shape`
+        var_numel: metadata `var.numel()`
+        var_shape: metadata `var.shape`
+        var_prod_numel: metadata `var_prod.numel()`
+        var_prod_shape: metadata `var_prod.shape`
+        x_numel: metadata `x.numel()`
+        x_shape: metadata `x.shape`
+        mean_numel: metadata `mean.numel()`
+        mean_shape: metadata `mean.shape`
     """
     mean = x.mean(-1, keepdim=True)
     xc = x - mean
-    var = (xc * xc).mean(-1, keepdim=True)
+    var_prod = xc * xc
+    var = var_prod.mean(-1, keepdim=True)
     rstd = torch.rsqrt(var + eps)
     x_hat = xc * rstd
     return x_hat * weight + bias, (
@@ -51,6 +54,8 @@ def layer_norm_forward(
         xc.shape,
         var.numel(),
         var.shape,
+        var_prod.numel(),
+        var_prod.shape,
         x.numel(),
         x.shape,
         mean.numel(),
@@ -73,12 +78,14 @@ def layer_norm_backward(ctx, grad, *, grad_rstd=None, grad_x_hat=None, grad_xc=N
         xc_shape,
         var_numel,
         var_shape,
+        var_prod_numel,
+        var_prod_shape,
         x_numel,
         x_shape,
         mean_numel,
         mean_shape,
     ) = ctx
-    grad_x_1 = grad_weight_1 = grad_bias_1 = grad_eps = None
+    grad_x = grad_weight = grad_bias = grad_eps = None
     # The closure `backward`, as written.
     if grad is not None:
         g = grad * weight
@@ -87,12 +94,6 @@ def layer_norm_backward(ctx, grad, *, grad_rstd=None, grad_x_hat=None, grad_xc=N
         )
         grad_weight = (grad * x_hat).sum_to_size(weight.shape)
         grad_bias = grad.sum_to_size(bias_shape)
-        grad_x_1, grad_weight_1, grad_bias_1, grad_eps = (
-            grad_x,
-            grad_weight,
-            grad_bias,
-            None,
-        )
     grad_mean_1 = grad_var = None
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_x_hat is not None:
@@ -105,27 +106,25 @@ def layer_norm_backward(ctx, grad, *, grad_rstd=None, grad_x_hat=None, grad_xc=N
         grad_var = _accumulate(grad_var, grad_rsqrt.sum_to_size(var_shape))
     if grad_var is not None:
         # line 9: var = (xc * xc).mean(-1, keepdim=True)
-        grad_keep = grad_var
-        count = (xc * xc).numel() / max(var_numel, 1)
-        grad_mean = (grad_keep / count).expand((xc * xc).shape)
+        count = var_prod_numel / max(var_numel, 1)
+        grad_mean = (grad_var / count).expand(var_prod_shape)
         grad_xc = _accumulate(grad_xc, (grad_mean * xc).sum_to_size(xc_shape))
         grad_xc = _accumulate(grad_xc, (grad_mean * xc).sum_to_size(xc_shape))
     if grad_xc is not None:
         # line 8: xc = x - mean
-        grad_x_1 = _accumulate(grad_x_1, grad_xc.sum_to_size(x_shape))
+        grad_x = _accumulate(grad_x, grad_xc.sum_to_size(x_shape))
         grad_mean_1 = _accumulate(grad_mean_1, (-grad_xc).sum_to_size(mean_shape))
     if grad_mean_1 is not None:
         # line 7: mean = x.mean(-1, keepdim=True)
-        grad_keep_1 = grad_mean_1
         count_1 = x_numel / max(mean_numel, 1)
-        grad_x_1 = _accumulate(grad_x_1, (grad_keep_1 / count_1).expand(x_shape))
-    return grad_x_1, grad_weight_1, grad_bias_1, grad_eps
+        grad_x = _accumulate(grad_x, (grad_mean_1 / count_1).expand(x_shape))
+    return grad_x, grad_weight, grad_bias, grad_eps
 
 
 class LayerNormFunction(torch.autograd.Function):
     """`layer_norm` as an autograd Function.
 
-    forward also returns rstd, x_hat, bias_shape, rstd_shape, xc, xc_shape, var_numel, var_shape, x_numel, x_shape, mean_numel, mean_shape, for setup_context to save.
+    forward also returns rstd, x_hat, bias_shape, rstd_shape, xc, xc_shape, var_numel, var_shape, var_prod_numel, var_prod_shape, x_numel, x_shape, mean_numel, mean_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
@@ -142,6 +141,8 @@ class LayerNormFunction(torch.autograd.Function):
             xc_shape,
             var_numel,
             var_shape,
+            var_prod_numel,
+            var_prod_shape,
             x_numel,
             x_shape,
             mean_numel,
@@ -157,6 +158,8 @@ class LayerNormFunction(torch.autograd.Function):
             xc_shape,
             var_numel,
             var_shape,
+            var_prod_numel,
+            var_prod_shape,
             x_numel,
             x_shape,
             mean_numel,
@@ -176,6 +179,8 @@ class LayerNormFunction(torch.autograd.Function):
             xc_shape,
             var_numel,
             var_shape,
+            var_prod_numel,
+            var_prod_shape,
             x_numel,
             x_shape,
             mean_numel,
@@ -187,6 +192,8 @@ class LayerNormFunction(torch.autograd.Function):
         ctx.xc_shape = xc_shape
         ctx.var_numel = var_numel
         ctx.var_shape = var_shape
+        ctx.var_prod_numel = var_prod_numel
+        ctx.var_prod_shape = var_prod_shape
         ctx.x_numel = x_numel
         ctx.x_shape = x_shape
         ctx.mean_numel = mean_numel
@@ -205,6 +212,8 @@ class LayerNormFunction(torch.autograd.Function):
         grad_xc_shape,
         grad_var_numel,
         grad_var_shape,
+        grad_var_prod_numel,
+        grad_var_prod_shape,
         grad_x_numel,
         grad_x_shape,
         grad_mean_numel,
@@ -229,6 +238,8 @@ class LayerNormFunction(torch.autograd.Function):
                 ctx.xc_shape,
                 ctx.var_numel,
                 ctx.var_shape,
+                ctx.var_prod_numel,
+                ctx.var_prod_shape,
                 ctx.x_numel,
                 ctx.x_shape,
                 ctx.mean_numel,
@@ -257,13 +268,30 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6
         weight: input
         rstd: temporary of the inputs, promoted: its gradient flows back
         x_hat: temporary of the inputs, promoted: its gradient flows back
-        rstd_shape: metadata `rstd.shape`; `rstd` itself is not kept alive
+        rstd_shape: metadata `rstd.shape`
         x: input
-        x_shape: metadata `x.shape`; `x` itself is not kept alive
+        x_shape: metadata `x.shape`
+        rstd_mean_numel: metadata `rstd_mean.numel()`
+        rstd_mean_shape: metadata `rstd_mean.shape`
+        rstd_prod_numel: metadata `rstd_prod.numel()`
+        rstd_prod_shape: metadata `rstd_prod.shape`
     """
-    rstd = torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+    rstd_prod = x * x
+    rstd_mean = rstd_prod.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(rstd_mean + eps)
     x_hat = x * rstd
-    return x_hat * weight, (weight, rstd, x_hat, rstd.shape, x, x.shape)
+    return x_hat * weight, (
+        weight,
+        rstd,
+        x_hat,
+        rstd.shape,
+        x,
+        x.shape,
+        rstd_mean.numel(),
+        rstd_mean.shape,
+        rstd_prod.numel(),
+        rstd_prod.shape,
+    )
 
 
 def rms_norm_backward(ctx, grad, *, grad_rstd=None, grad_x_hat=None):
@@ -271,65 +299,126 @@ def rms_norm_backward(ctx, grad, *, grad_rstd=None, grad_x_hat=None):
 
     The closure `backward` of samples/normalization.py:26, with its captures read from `ctx`.
     """
-    weight, rstd, x_hat, rstd_shape, x, x_shape = ctx
-    grad_x_1 = grad_weight = grad_eps = None
+    (
+        weight,
+        rstd,
+        x_hat,
+        rstd_shape,
+        x,
+        x_shape,
+        rstd_mean_numel,
+        rstd_mean_shape,
+        rstd_prod_numel,
+        rstd_prod_shape,
+    ) = ctx
+    grad_x = grad_weight = grad_eps = None
     # The closure `backward`, as written.
     if grad is not None:
         g = grad * weight
         grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
-        grad_x_1, grad_weight, grad_eps = (
-            grad_x,
-            (grad * x_hat).sum_to_size(weight.shape),
-            None,
-        )
+        grad_weight = (grad * x_hat).sum_to_size(weight.shape)
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_x_hat is not None:
         # line 25: x_hat = x * rstd
-        grad_x_1 = _accumulate(grad_x_1, (grad_x_hat * rstd).sum_to_size(x_shape))
+        grad_x = _accumulate(grad_x, (grad_x_hat * rstd).sum_to_size(x_shape))
         grad_rstd = _accumulate(grad_rstd, (grad_x_hat * x).sum_to_size(rstd_shape))
     if grad_rstd is not None:
         # line 24: rstd = torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
         grad_rsqrt = -0.5 * grad_rstd * rstd**3
-        grad_add = grad_rsqrt.sum_to_size((x * x).mean(-1, keepdim=True).shape)
-        grad_keep = grad_add
-        count = (x * x).numel() / max((x * x).mean(-1, keepdim=True).numel(), 1)
-        grad_mean = (grad_keep / count).expand((x * x).shape)
-        grad_x_1 = _accumulate(grad_x_1, (grad_mean * x).sum_to_size(x_shape))
-        grad_x_1 = _accumulate(grad_x_1, (grad_mean * x).sum_to_size(x_shape))
-    return grad_x_1, grad_weight, grad_eps
+        grad_add = grad_rsqrt.sum_to_size(rstd_mean_shape)
+        count = rstd_prod_numel / max(rstd_mean_numel, 1)
+        grad_mean = (grad_add / count).expand(rstd_prod_shape)
+        grad_x = _accumulate(grad_x, (grad_mean * x).sum_to_size(x_shape))
+        grad_x = _accumulate(grad_x, (grad_mean * x).sum_to_size(x_shape))
+    return grad_x, grad_weight, grad_eps
 
 
 class RmsNormFunction(torch.autograd.Function):
     """`rms_norm` as an autograd Function.
 
-    forward also returns rstd, x_hat, rstd_shape, x_shape, for setup_context to save.
+    forward also returns rstd, x_hat, rstd_shape, x_shape, rstd_mean_numel, rstd_mean_shape, rstd_prod_numel, rstd_prod_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, weight, eps):
-        result, (_, rstd, x_hat, rstd_shape, _, x_shape) = rms_norm_forward(
-            x, weight, eps=eps
+        result, (
+            _,
+            rstd,
+            x_hat,
+            rstd_shape,
+            _,
+            x_shape,
+            rstd_mean_numel,
+            rstd_mean_shape,
+            rstd_prod_numel,
+            rstd_prod_shape,
+        ) = rms_norm_forward(x, weight, eps=eps)
+        return (
+            result,
+            rstd,
+            x_hat,
+            rstd_shape,
+            x_shape,
+            rstd_mean_numel,
+            rstd_mean_shape,
+            rstd_prod_numel,
+            rstd_prod_shape,
         )
-        return result, rstd, x_hat, rstd_shape, x_shape
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, weight, _ = inputs
-        _, rstd, x_hat, rstd_shape, x_shape = output
+        (
+            _,
+            rstd,
+            x_hat,
+            rstd_shape,
+            x_shape,
+            rstd_mean_numel,
+            rstd_mean_shape,
+            rstd_prod_numel,
+            rstd_prod_shape,
+        ) = output
         ctx.save_for_backward(weight, rstd, x_hat, x)
         ctx.rstd_shape = rstd_shape
         ctx.x_shape = x_shape
+        ctx.rstd_mean_numel = rstd_mean_numel
+        ctx.rstd_mean_shape = rstd_mean_shape
+        ctx.rstd_prod_numel = rstd_prod_numel
+        ctx.rstd_prod_shape = rstd_prod_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad, grad_rstd, grad_x_hat, grad_rstd_shape, grad_x_shape):
+    def backward(
+        ctx,
+        grad,
+        grad_rstd,
+        grad_x_hat,
+        grad_rstd_shape,
+        grad_x_shape,
+        grad_rstd_mean_numel,
+        grad_rstd_mean_shape,
+        grad_rstd_prod_numel,
+        grad_rstd_prod_shape,
+    ):
         if grad is None and grad_rstd is None and grad_x_hat is None:
             return None, None, None
         weight, rstd, x_hat, x = ctx.saved_tensors
         return rms_norm_backward(
-            (weight, rstd, x_hat, ctx.rstd_shape, x, ctx.x_shape),
+            (
+                weight,
+                rstd,
+                x_hat,
+                ctx.rstd_shape,
+                x,
+                ctx.x_shape,
+                ctx.rstd_mean_numel,
+                ctx.rstd_mean_shape,
+                ctx.rstd_prod_numel,
+                ctx.rstd_prod_shape,
+            ),
             grad,
             grad_rstd=grad_rstd,
             grad_x_hat=grad_x_hat,

@@ -15,7 +15,7 @@ def sum_dim_forward(x: torch.Tensor, dim: int, keepdim: bool = False):
     Context:
         keepdim: input
         dim: input
-        x_shape: metadata `x.shape`; `x` itself is not kept alive
+        x_shape: metadata `x.shape`
     """
     return x.sum(dim, keepdim=keepdim), (keepdim, dim, x.shape)
 
@@ -73,7 +73,7 @@ def mean_dim_forward(x: torch.Tensor, dim: int, keepdim: bool = False):
     Context:
         keepdim: input
         dim: input
-        x_shape: metadata `x.shape`; `x` itself is not kept alive
+        x_shape: metadata `x.shape`
         n: constant (no differentiable input)
     """
     n = x.shape[dim]
@@ -132,7 +132,7 @@ def sum_all_forward(x: torch.Tensor):
     Lifted from samples/reductions.py:24-28.
 
     Context:
-        x_shape: metadata `x.shape`; `x` itself is not kept alive
+        x_shape: metadata `x.shape`
     """
     return x.sum(), (x.shape,)
 

@@ -22,8 +22,8 @@ def add_mul_forward(a: torch.Tensor, b: torch.Tensor):
     Context:
         b: input
         t: temporary of the inputs, promoted: its gradient flows back
-        a_shape: metadata `a.shape`; `a` itself is not kept alive
-        b_shape: metadata `b.shape`; `b` itself is not kept alive
+        a_shape: metadata `a.shape`
+        b_shape: metadata `b.shape`
     """
     t = a + b
     return t * b, (b, t, a.shape, b.shape)
@@ -89,8 +89,8 @@ def squared_distance_forward(x: torch.Tensor, y: torch.Tensor):
 
     Context:
         d: temporary of the inputs, promoted: its gradient flows back
-        x_shape: metadata `x.shape`; `x` itself is not kept alive
-        y_shape: metadata `y.shape`; `y` itself is not kept alive
+        x_shape: metadata `x.shape`
+        y_shape: metadata `y.shape`
     """
     d = x - y
     return (d * d).sum(), (d, x.shape, y.shape)
@@ -102,17 +102,17 @@ def squared_distance_backward(ctx, grad, *, grad_d=None):
     The closure `backward` of samples/temporary.py:16, with its captures read from `ctx`.
     """
     d, x_shape, y_shape = ctx
-    grad_x = grad_y = None
+    g = grad_y = None
     # The closure `backward`, as written.
     if grad is not None:
         g = 2.0 * grad * d
-        grad_x, grad_y = g, -g
+        grad_y = -g
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_d is not None:
         # line 15: d = x - y
-        grad_x = _accumulate(grad_x, grad_d.sum_to_size(x_shape))
+        g = _accumulate(g, grad_d.sum_to_size(x_shape))
         grad_y = _accumulate(grad_y, (-grad_d).sum_to_size(y_shape))
-    return grad_x, grad_y
+    return g, grad_y
 
 
 class SquaredDistanceFunction(torch.autograd.Function):

@@ -36,6 +36,10 @@ def parenthesize(node: cst.BaseExpression) -> cst.BaseExpression:
     """Wrap `node` in parentheses unless it is atomic where it is substituted."""
     if isinstance(node, _ATOMS) or node.lpar:
         return node
+    if isinstance(node, cst.UnaryOperation) and isinstance(
+        node.expression, (cst.Integer, cst.Float)
+    ):
+        return node
     return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
@@ -122,6 +126,17 @@ def constant_truth(test: cst.BaseExpression) -> bool | None:
     return bool(eval(code_object, {"__builtins__": {}}, {}))  # noqa: S307
 
 
+class _Unelif(cst.CSTTransformer):
+    """Write `elif` as `else: if`, so folding may replace any `if` by its branch."""
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if isinstance(updated_node.orelse, cst.If):
+            return updated_node.with_changes(
+                orelse=cst.Else(cst.IndentedBlock([updated_node.orelse]))
+            )
+        return updated_node
+
+
 class _Fold(cst.CSTTransformer):
     """Keep only the taken branch of `if`s and conditional expressions on constants."""
 
@@ -188,16 +203,53 @@ def inline(
     folder = _Fold()
     statements: list[cst.BaseStatement] = []
     for statement in body:
-        new = substitute(statement, mapping).visit(folder)
+        new = substitute(statement, mapping).visit(_Unelif()).visit(folder)
         if isinstance(new, cst.FlattenSentinel):
             statements += list(new.nodes)
         elif isinstance(new, cst.BaseStatement):
             statements.append(new)
+    statements, aliases = _drop_aliases(statements)
     out_entries = tuple(
-        None if e is None else _expression(substitute(e, mapping).visit(folder))
+        None if e is None else _expression(substitute(substitute(e, mapping).visit(folder), aliases))
         for e in entries
     )
-    return Inlined(tuple(statements), out_entries)
+    return Inlined(tuple(_statement(substitute(s, aliases)) for s in statements), out_entries)
+
+
+def _statement(node: cst.CSTNode) -> cst.BaseStatement:
+    assert isinstance(node, cst.BaseStatement)
+    return node
+
+
+def rule_reads(rule: Rule, wanted: set[int]) -> set[str]:
+    """Names the rule's backward reads to compute the wanted entries."""
+    entries = [e for i, e in enumerate(rule.entries) if i in wanted and e is not None]
+    needed = set().union(*(_reads(e) for e in entries))
+    for statement in _needed_statements(rule.body, needed):
+        needed |= _reads(statement)
+    return needed
+
+
+def _drop_aliases(
+    statements: list[cst.BaseStatement],
+) -> tuple[list[cst.BaseStatement], dict[str, cst.BaseExpression]]:
+    """Drop top-level `local = other_name` lines left by folding, renaming their uses."""
+    alias_line = m.SimpleStatementLine(
+        body=[m.Assign(targets=[m.AssignTarget(m.Name())], value=m.Name())]
+    )
+    aliases: dict[str, cst.BaseExpression] = {}
+    kept = []
+    for statement in statements:
+        if m.matches(statement, alias_line):
+            assert isinstance(statement, cst.SimpleStatementLine)
+            assign = statement.body[0]
+            assert isinstance(assign, cst.Assign)
+            target = assign.targets[0].target
+            assert isinstance(target, cst.Name) and isinstance(assign.value, cst.Name)
+            aliases[target.value] = aliases.get(assign.value.value, assign.value)
+            continue
+        kept.append(substitute(statement, aliases))  # type: ignore[arg-type]
+    return kept, aliases
 
 
 def _expression(node: cst.CSTNode) -> cst.BaseExpression:

@@ -148,7 +148,7 @@ class Planner:
         if self.policy == "first-order" or not temps:
             return self.lifted
         names = NameAllocator(self.lifted.taken)
-        results = [names.fresh(f"grad_{p.name}") for p in self.diff.params]
+        results = self._results(names)
         promote: list[Saved] = []
         recompute: list[tuple[Saved, str]] = []
         for temp in temps:
@@ -159,6 +159,29 @@ class Planner:
                 recompute.append((temp, reason))
         attempt = self._attempt(promote, names, results)
         return self._assemble(attempt, promote, recompute, results, names)
+
+    def _results(self, names: NameAllocator) -> list[str]:
+        """Name the variable holding each parameter's gradient.
+
+        Where the closure ends in `return grad_x, grad_w` with its own locals, those are
+        the names; otherwise `grad_<parameter>`.
+        """
+        body = self.diff.backward.body
+        statements = list(body.body) if isinstance(body, cst.IndentedBlock) else []
+        returns = m.findall(body, m.Return())
+        chosen: list[str | None] = [None] * len(self.diff.params)
+        if len(returns) == 1 and statements and m.matches(
+            statements[-1], m.SimpleStatementLine(body=[m.Return()])
+        ):
+            value = returns[0].value  # type: ignore[attr-defined]
+            items = value.elements if isinstance(value, cst.Tuple) else [cst.Element(value)]
+            if len(items) == len(chosen):
+                for i, item in enumerate(items):
+                    name = item.value.value if isinstance(item.value, cst.Name) else None
+                    usable = name in self.backward_locals and name not in self.diff.grad_params
+                    if usable and name not in chosen:
+                        chosen[i] = name
+        return [c or names.fresh(f"grad_{p.name}") for c, p in zip(chosen, self.diff.params, strict=True)]
 
     def _why_not(
         self, temp: Saved, names: NameAllocator, results: list[str]
@@ -198,7 +221,11 @@ class Planner:
         needed = slice_of(
             self.program, {self.program.final[t.source].id for t in temps}
         )
-        return _Attempt(generator, needed, generator.run(needed))
+        blocks = generator.run(needed)
+        for version in generator.extra:
+            self.by_id[version.id] = version
+            self.at_end.add(version.id)
+        return _Attempt(generator, needed, blocks)
 
     def _reads(self, attempt: _Attempt) -> list[tuple[int, str | None]]:
         reads = _Reads()
@@ -260,7 +287,9 @@ class Planner:
             )
         )
         gradients = Gradients(incoming, tuple(results), tuple(blocks), inits, plan)
-        forward = _with_snapshots(self.diff.statements, ctx, self.program)
+        forward = _with_snapshots(
+            self.diff.statements, ctx, self.program, attempt.generator.hoists
+        )
         return replace(
             self.lifted,
             context=tuple(entries),
@@ -391,11 +420,14 @@ def _ordinal(program: Program, version: Version) -> int:
 
 
 def _with_snapshots(
-    statements: Sequence[cst.BaseStatement], ctx: _Context, program: Program
+    statements: Sequence[cst.BaseStatement],
+    ctx: _Context,
+    program: Program,
+    hoists: dict[int, list[tuple[str, cst.BaseExpression]]],
 ) -> list[cst.BaseStatement]:
-    """Insert `name_k = name` after the statements creating versions backward reads."""
-    if not ctx.snapshots:
-        return list(statements)
+    """Insert the lines the VJP reads: hoisted sub-expressions and snapshots."""
+    names = {id(node): name for lines in hoists.values() for name, node in lines}
+    replace_hoisted = _ReplaceById(names)
 
     def lines(index: int) -> list[cst.BaseStatement]:
         return [
@@ -405,9 +437,35 @@ def _with_snapshots(
 
     out = lines(-1)
     for index, statement in enumerate(statements):
+        for name, node in reversed(hoists.get(id(statement), [])):
+            value = node.with_changes(lpar=[], rpar=[]).visit(replace_hoisted.inner(node))
+            out.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], _expression(value))]))
+        statement = _statement(statement.visit(replace_hoisted))
         out.append(_out_of_place(statement, ctx.aliased, program))
         out += lines(index)
     return out
+
+
+class _ReplaceById(cst.CSTTransformer):
+    """Replace hoisted sub-expressions (by identity) with the names that hold them."""
+
+    def __init__(self, names: dict[int, str], skip: cst.CSTNode | None = None) -> None:
+        self.names = names
+        self.skip = skip
+
+    def inner(self, node: cst.CSTNode) -> _ReplaceById:
+        return _ReplaceById(self.names, skip=node)
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> cst.CSTNode:  # type: ignore[override]
+        name = self.names.get(id(original_node))
+        if name is not None and original_node is not self.skip:
+            return cst.Name(name)
+        return updated_node
+
+
+def _expression(node: cst.CSTNode) -> cst.BaseExpression:
+    assert isinstance(node, cst.BaseExpression)
+    return node
 
 
 def _out_of_place(

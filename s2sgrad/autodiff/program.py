@@ -87,11 +87,13 @@ class Program:
     final: dict[str, Version]
     #: For each merge version (by id): the versions created inside a branch it merges.
     sides: dict[int, list[Version]] = field(default_factory=dict)
+    #: Merge versions of names that some path through the branch leaves unbound.
+    partial: set[int] = field(default_factory=set)
 
     def at_end(self) -> set[int]:
         """Versions a backward block can read by name: the name holds them when forward
         ends, on every path that reaches the block reading them."""
-        found = {v.id for v in self.final.values()}
+        found = {v.id for v in self.final.values() if v.id not in self.partial}
         todo = list(found)
         while todo:
             for side in self.sides.get(todo.pop(), []):
@@ -107,6 +109,7 @@ class _Builder:
         self.lines = lines
         self.versions: list[Version] = []
         self.sides: dict[int, list[Version]] = {}
+        self.partial: set[int] = set()
 
     def new(self, name: str, value: Value, top: int, in_branch: bool) -> Version:
         version = Version(name, len(self.versions), value, top, in_branch)
@@ -174,6 +177,8 @@ class _Builder:
             )
             merged = self.new(name, value, top, False)
             merges.append((merged, a, b))
+            if a is None or b is None:
+                self.partial.add(merged.id)
             for side in (a, b):
                 if side is not None and side is not before.get(name):
                     self.sides.setdefault(merged.id, []).append(side)
@@ -332,4 +337,4 @@ def build(diff: Differentiator, lines: Mapping[cst.CSTNode, int]) -> Program:
     steps = builder.block(diff.statements, env, None)
     for version in env.values():
         version.final = True
-    return Program(steps, builder.versions, params, dict(env), sides=builder.sides)
+    return Program(steps, builder.versions, params, dict(env), builder.sides, builder.partial)

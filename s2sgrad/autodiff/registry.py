@@ -8,6 +8,7 @@ go through s2sgrad's own frontend, so a rule is checked like any user differenti
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.resources
 from collections.abc import Mapping
@@ -34,6 +35,8 @@ class Rule:
     grad: str
     #: The name forward binds the result to (`out`), read by some backwards.
     out: str | None
+    #: Parameters backward reads only through `.shape`, `.dim()` and the like.
+    metadata_only: frozenset[str] = frozenset()
     #: The collected remaining positional arguments, for varargs spellings.
     varargs: str | None = None
 
@@ -79,6 +82,7 @@ def rule_from(diff: Differentiator) -> Rule | None:
         entries,
         diff.grad_params[0],
         out,
+        frozenset(c.name for c in diff.captures if c.metadata_only),
     )
 
 
@@ -134,15 +138,6 @@ def builtin_registry() -> Registry:
     for qualified, name in _table(parsed.module, "RULES").items():
         rule = by_name[name]
         if qualified in varargs:
-            rule = Rule(
-                rule.name,
-                rule.params,
-                rule.defaults,
-                rule.body,
-                rule.entries,
-                rule.grad,
-                rule.out,
-                varargs[qualified],
-            )
+            rule = dataclasses.replace(rule, varargs=varargs[qualified])
         rules[qualified] = rule
     return Registry(rules)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import libcst as cst
 import libcst.matchers as m
 
-from s2sgrad.autodiff.inline import inline, parenthesize
+from s2sgrad.autodiff.inline import inline, parenthesize, rule_reads
 from s2sgrad.autodiff.program import Assign, Branch, Opaque, Program, Step, Version
 from s2sgrad.autodiff.registry import Registry, Rule
 from s2sgrad.frontend.model import Differentiator
@@ -59,8 +59,17 @@ def placeholder_version(node: cst.CSTNode) -> int | None:
 class _Placeholders(cst.CSTTransformer):
     """Replace reads of forward names with placeholders of the versions live there."""
 
-    def __init__(self, env: Mapping[str, Version]) -> None:
+    def __init__(
+        self, env: Mapping[str, Version], hoisted: Mapping[cst.CSTNode, Version] | None = None
+    ) -> None:
         self.env = env
+        self.hoisted = hoisted or {}
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> cst.CSTNode:  # type: ignore[override]
+        version = self.hoisted.get(original_node)
+        if version is not None:
+            return placeholder(version)
+        return super().on_leave(original_node, updated_node)  # type: ignore[return-value]
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         return False
@@ -139,6 +148,12 @@ class Generator:
         self.accumulators = accumulators
         self.source = source
         self.needed: set[int] = set()
+        #: Sub-expressions the VJP reads, bound to names in forward (by node), and the
+        #: lines that bind them, by the id of the statement they go before.
+        self.hoisted: dict[cst.CSTNode, Version] = {}
+        self.hoists: dict[int, list[tuple[str, cst.BaseExpression]]] = {}
+        self.extra: list[Version] = []
+        self.step: Assign | None = None
 
     def accumulator(self, version: Version) -> str:
         if version.id not in self.accumulators:
@@ -192,9 +207,9 @@ class Generator:
     def assign(self, step: Assign) -> list[cst.BaseStatement]:
         acc = cst.Name(self.accumulator(step.target))
         body: list[cst.BaseStatement] = []
-        self.expr(
-            step.value, acc, placeholder(step.target), step.before, body, step.line
-        )
+        self.step = step
+        self.expr(step.value, acc, placeholder(step.target), step.before, body, step.line)
+        self.step = None
         if not body:
             return []
         text = (
@@ -242,7 +257,9 @@ class Generator:
             and p in args
             and self.value(args[p], env).diff
         }
-        ph = _Placeholders(env)
+        for param in sorted(rule_reads(rule, wanted) & set(args)):
+            self.hoist(args[param], env, param in rule.metadata_only)
+        ph = _Placeholders(env, self.hoisted)
         converted = {p: _expr(a.visit(ph)) for p, a in args.items()}
         result = inline(rule, converted, grad, out, wanted, self.names)
         body += result.statements
@@ -275,8 +292,32 @@ class Generator:
                 )
                 self.expr(element.value, item, element.value, env, body, line)
             return
-        out = _expr(arg.visit(_Placeholders(env)))
+        hoisted = self.hoisted.get(arg)
+        out = placeholder(hoisted) if hoisted else _expr(arg.visit(_Placeholders(env, self.hoisted)))
         self.expr(arg, name, out, env, body, line)
+
+    def hoist(self, arg: cst.BaseExpression, env: Mapping[str, Version], metadata: bool) -> None:
+        """Name a sub-expression the VJP reads, where recomputing it in backward costs.
+
+        Views are always recomputed (free). Other ops are named in forward when backward
+        reads only their metadata (a shape costs nothing to keep) or when they are
+        expensive (matrix products, softmax): then forward computes them once and the
+        value is saved and promoted like any temporary.
+        """
+        step = self.step
+        if step is None or step.target.in_branch or arg in self.hoisted:
+            return
+        if isinstance(arg, (cst.Name, cst.Integer, cst.Float)) or not self.value(arg, env).diff:
+            return
+        op = _op_name(arg)
+        if op in _VIEWS or not (metadata or op in _EXPENSIVE):
+            return
+        name = self.names.fresh(f"{step.target.name}_{_op_name(arg)}")
+        version = Version(name, len(self.program.versions) + len(self.extra),
+                          self.value(arg, env), step.target.top, False, final=True)
+        self.extra.append(version)
+        self.hoisted[arg] = version
+        self.hoists.setdefault(id(step.statement), []).append((name, arg))
 
     def match(
         self, node: cst.BaseExpression, env: Mapping[str, Version], line: int
@@ -331,6 +372,34 @@ class Generator:
                 keywords,
             )
         return qualified, positional, keywords
+
+
+_VIEWS = {
+    "transpose", "t", "permute", "reshape", "view", "unsqueeze", "squeeze", "expand",
+    "expand_as", "broadcast_to", "flatten", "narrow", "contiguous", "detach", "neg",
+    "value", "to", "type_as", "clone",
+}
+_EXPENSIVE = {"matmul", "mm", "bmm", "einsum", "softmax", "log_softmax", "conv1d", "conv2d"}
+
+_OP_NAMES: dict[type[cst.BaseBinaryOp], str] = {
+    cst.Add: "sum", cst.Subtract: "diff", cst.Multiply: "prod", cst.Divide: "ratio",
+    cst.Power: "pow", cst.MatrixMultiply: "matmul",
+}
+
+
+def _op_name(node: cst.BaseExpression) -> str:
+    """Name a sub-expression by what computes it (`scores_matmul`, `h_exp`)."""
+    if isinstance(node, cst.BinaryOperation):
+        return _OP_NAMES.get(type(node.operator), "value")
+    if isinstance(node, cst.Call):
+        func = node.func
+        if isinstance(func, cst.Attribute):
+            return func.attr.value
+        if isinstance(func, cst.Name):
+            return func.value
+    if isinstance(node, cst.UnaryOperation):
+        return "neg"
+    return "value"
 
 
 def _expr(node: cst.CSTNode) -> cst.BaseExpression:

@@ -9,7 +9,7 @@ _WHY = {
     "output": "output",
     "temporary": "temporary of the inputs",
     "constant": "constant (no differentiable input)",
-    "metadata": "metadata `{expression}`; `{source}` itself is not kept alive",
+    "metadata": "metadata `{expression}`",
 }
 
 

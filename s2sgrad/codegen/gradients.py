@@ -85,23 +85,39 @@ def _closure_part(
         ret = final.body[-1]
         assign = _assign(results, ret.value)
         head = list(final.body[:-1])
-        line = [*head, *([assign] if assign else [])] or [cst.Pass()]
+        line = [*head, *([assign] if assign else [])]
         bare = len(results) == 1 and not isinstance(ret.value, cst.Tuple)
-        return [*user[:-1], final.with_changes(body=line)], bare
+        kept = [*user[:-1], final.with_changes(body=line)] if line else user[:-1]
+        return kept or [cst.SimpleStatementLine([cst.Pass()])], bare
     return _nested(lifted, results, user), False
 
 
 def _assign(results: list[str], value: cst.BaseExpression | None) -> cst.Assign | None:
+    """Assign the closure's returned gradients to the result variables.
+
+    Entries that already are the result variable, or `None` (the variables start at
+    None), need no assignment.
+    """
     if value is None or m.matches(value, m.Name("None")):
         return None
-    targets = ", ".join(results) + (
-        "," if len(results) == 1 and isinstance(value, cst.Tuple) else ""
-    )
-    target = (
-        cst.parse_expression(targets)
-        if len(results) > 1 or isinstance(value, cst.Tuple)
-        else cst.Name(results[0])
-    )
+    if isinstance(value, cst.Tuple) and len(value.elements) == len(results):
+        pairs = [
+            (r, e.value)
+            for r, e in zip(results, value.elements, strict=True)
+            if not m.matches(e.value, m.Name(r) | m.Name("None"))
+        ]
+        if not pairs:
+            return None
+        if len(pairs) == 1:
+            return cst.Assign([cst.AssignTarget(cst.Name(pairs[0][0]))], pairs[0][1])
+        target = cst.Tuple([cst.Element(cst.Name(r)) for r, _ in pairs], lpar=[], rpar=[])
+        values = cst.Tuple([cst.Element(v) for _, v in pairs], lpar=[], rpar=[])
+        return cst.Assign([cst.AssignTarget(target)], values)
+    if len(results) == 1:
+        if m.matches(value, m.Name(results[0])):
+            return None
+        return cst.Assign([cst.AssignTarget(cst.Name(results[0]))], value)
+    target = cst.Tuple([cst.Element(cst.Name(r)) for r in results], lpar=[], rpar=[])
     return cst.Assign([cst.AssignTarget(target)], value)
 
 
