@@ -136,7 +136,7 @@ def _read_text(path: Path) -> str | None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    options = Options()
+    options = Options(policy=args.policy)
     out_dir = Path(args.output) if args.output else None
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
@@ -194,6 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert_cmd.add_argument(
         "--stdout", action="store_true", help="print instead of writing"
+    )
+    convert_cmd.add_argument(
+        "--policy",
+        choices=["promote", "recompute", "first-order"],
+        default="promote",
+        help="how backward gets the gradients of captured temporaries: promote them "
+        "(generated VJP, the default), recompute them in backward, or save them and "
+        "make backward once_differentiable",
     )
     convert_cmd.set_defaults(run=run_convert)
     return parser

@@ -7,6 +7,7 @@ suffix only on collision, so a generated name never shadows a user's name.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 
 class NameAllocator:
@@ -26,3 +27,25 @@ class NameAllocator:
     def child(self) -> NameAllocator:
         """Return an allocator for an inner scope that starts from these names."""
         return NameAllocator(self.taken)
+
+
+@dataclass(frozen=True)
+class Names:
+    """Name the definitions generated for a differentiator `f`.
+
+    They are `f_forward`, `f_backward`, `FFunction` and the op `f`.
+    """
+
+    forward: str
+    backward: str
+    function: str
+    op: str
+
+    @classmethod
+    def of(cls, name: str) -> Names:
+        stem = name.lstrip("_")
+        camel = "".join(part[:1].upper() + part[1:] for part in stem.split("_"))
+        prefix = "_" * (len(name) - len(stem))
+        return cls(
+            f"{name}_forward", f"{name}_backward", f"{prefix}{camel}Function", name
+        )

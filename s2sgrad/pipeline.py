@@ -6,7 +6,7 @@ Pure: reads no files and no environment. The CLI and the import hook both call
 
 from __future__ import annotations
 
-from s2sgrad.autodiff.plan import differentiate
+from s2sgrad.autodiff.plan import differentiate, sibling_of
 from s2sgrad.codegen import Origin, generate
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import parse
@@ -32,8 +32,10 @@ def convert(source: str, origin: Origin, options: Options) -> str:
                 ),
             ]
         )
+    siblings = {d.name: sibling_of(d) for d in parsed.differentiators}
     lifted = [
-        differentiate(lift(d, options), options, source) for d in parsed.differentiators
+        differentiate(lift(d, options), options, source, siblings)
+        for d in parsed.differentiators
     ]
     return generate(parsed, lifted, options, origin)
 

@@ -10,7 +10,7 @@ through generated code) or recomputed inside backward from saved inputs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import libcst as cst
@@ -18,10 +18,10 @@ import libcst.matchers as m
 
 from s2sgrad.autodiff.program import Assign, Program, Version, bound, build
 from s2sgrad.autodiff.registry import builtin_registry
-from s2sgrad.autodiff.vjp import Generator, NoRule, placeholder_version, slice_of
+from s2sgrad.autodiff.vjp import Sibling, Generator, NoRule, placeholder_version, slice_of
 from s2sgrad.frontend.model import METADATA_ATTRIBUTES, METADATA_METHODS, Differentiator
 from s2sgrad.lift import Gradients, Lifted, Recompute, Saved, rebound_names
-from s2sgrad.names import NameAllocator
+from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Options
 
 _METADATA_CODE = {
@@ -132,12 +132,19 @@ class _Context:
 class Planner:
     """Plan gradients for one lifted differentiator."""
 
-    def __init__(self, lifted: Lifted, options: Options, source: str) -> None:
+    def __init__(
+        self,
+        lifted: Lifted,
+        options: Options,
+        source: str,
+        siblings: Mapping[str, Sibling] | None = None,
+    ) -> None:
+        self.siblings = siblings or {}
         self.lifted = lifted
         self.diff = lifted.source
         self.policy = self.diff.pragmas.get("policy", options.policy)
         self.source = source.splitlines()
-        self.program: Program = build(self.diff, self.diff.statement_lines)
+        self.program: Program = build(self.diff, self.diff.statement_lines, self.siblings)
         self.at_end = self.program.at_end()
         self.by_id = {v.id: v for v in self.program.versions}
         self.backward_locals = _backward_locals(self.diff)
@@ -215,6 +222,7 @@ class Planner:
             names,
             accumulators,
             self.source,
+            self.siblings,
         )
         if not temps:
             return _Attempt(generator, set(), [])
@@ -526,6 +534,22 @@ def _backward_locals(diff: Differentiator) -> set[str]:
     return {p.name.value for p in backward.params.params} | bound(backward.body)
 
 
-def differentiate(lifted: Lifted, options: Options, source: str) -> Lifted:
+def sibling_of(diff: Differentiator) -> Sibling:
+    """Describe a differentiator as the rule for calls to it from its siblings."""
+    names = Names.of(diff.name)
+    returns = m.findall(diff.backward.body, m.Return())
+    bare = len(diff.params) == 1 and not any(
+        isinstance(r, cst.Return) and isinstance(r.value, cst.Tuple) for r in returns
+    )
+    params = tuple(p.name for p in diff.params)
+    return Sibling(diff.name, params, names.forward, names.backward, bare)
+
+
+def differentiate(
+    lifted: Lifted,
+    options: Options,
+    source: str,
+    siblings: Mapping[str, Sibling] | None = None,
+) -> Lifted:
     """Complete `lifted` with the gradients of its temporaries."""
-    return Planner(lifted, options, source).plan()
+    return Planner(lifted, options, source, siblings).plan()

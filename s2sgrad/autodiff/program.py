@@ -10,10 +10,11 @@ gradient flowing into the merge reaches whichever branch ran.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.matchers as m
 
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.values import Evaluator, Value, param_value
@@ -104,9 +105,12 @@ class Program:
 
 
 class _Builder:
-    def __init__(self, diff: Differentiator, lines: Mapping[cst.CSTNode, int]) -> None:
+    def __init__(
+        self, diff: Differentiator, lines: Mapping[cst.CSTNode, int], siblings: Collection[str]
+    ) -> None:
         self.diff = diff
         self.lines = lines
+        self.siblings = siblings
         self.versions: list[Version] = []
         self.sides: dict[int, list[Version]] = {}
         self.partial: set[int] = set()
@@ -226,6 +230,18 @@ class _Builder:
         env.update({v.name: v for v in created})
         return [Opaque(created, line, "a statement with no derivative rule")]
 
+    def _sibling_result(
+        self, target: cst.BaseExpression, value: cst.BaseExpression
+    ) -> tuple[cst.Name, cst.BaseExpression] | None:
+        """Match `y, _ = g(...)` where `g` is another differentiator of the module."""
+        if not (isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2):
+            return None
+        first, second = (e.value for e in target.elements)
+        call = m.matches(value, m.Call(func=m.Name()))
+        if call and isinstance(first, cst.Name) and value.func.value in self.siblings:  # type: ignore[attr-defined]
+            return first, second
+        return None
+
     def assign(
         self,
         target: cst.BaseExpression,
@@ -241,6 +257,14 @@ class _Builder:
             version = self.new(target.value, self.value(value, before), top, in_branch)
             env[target.value] = version
             return [Assign(version, value, statement, before, line)]
+        sibling = self._sibling_result(target, value)
+        if sibling is not None:
+            result, rest = sibling
+            steps = self.assign(result, first_of(value), statement, before, env, top,
+                                in_branch, line)
+            if isinstance(rest, cst.Name):
+                env[rest.value] = self.new(rest.value, Value(False, False), top, in_branch)
+            return steps
         if (
             isinstance(target, (cst.Tuple, cst.List))
             and isinstance(value, (cst.Tuple, cst.List))
@@ -325,9 +349,17 @@ def bound(node: cst.CSTNode) -> set[str]:
     return visitor.names
 
 
-def build(diff: Differentiator, lines: Mapping[cst.CSTNode, int]) -> Program:
+def first_of(call: cst.BaseExpression) -> cst.Subscript:
+    """Return `call[0]`: the result part of a differentiator's `(result, backward)`."""
+    index = cst.SubscriptElement(cst.Index(cst.Integer("0")))
+    return cst.Subscript(call, [index])
+
+
+def build(
+    diff: Differentiator, lines: Mapping[cst.CSTNode, int], siblings: Collection[str] = ()
+) -> Program:
     """Build the versioned program of `diff`'s forward statements."""
-    builder = _Builder(diff, lines)
+    builder = _Builder(diff, lines, siblings)
     env: dict[str, Version] = {}
     params: dict[str, Version] = {}
     for param in diff.params:

@@ -12,6 +12,7 @@ when its incoming gradient is not None, and every contribution is added None-awa
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
@@ -129,6 +130,18 @@ def _diff_reads(node: cst.BaseExpression, env: Mapping[str, Version]) -> list[Ve
     return found
 
 
+@dataclass(frozen=True)
+class Sibling:
+    """Another differentiator of the module: its own lifted pair is the rule for it."""
+
+    name: str
+    params: tuple[str, ...]
+    forward: str
+    backward: str
+    #: Its backward returns a bare gradient (one parameter, no tuple).
+    bare: bool
+
+
 class Generator:
     """Emit reverse-mode statements over the steps in a slice."""
 
@@ -140,7 +153,9 @@ class Generator:
         names: NameAllocator,
         accumulators: dict[int, str],
         source: list[str],
+        siblings: Mapping[str, Sibling] | None = None,
     ) -> None:
+        self.siblings = siblings or {}
         self.diff = diff
         self.program = program
         self.registry = registry
@@ -249,6 +264,10 @@ class Generator:
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Plus):
             self.expr(node.expression, grad, out, env, body, line)
             return
+        sibling = self._sibling(node)
+        if sibling is not None:
+            self.sibling_vjp(node, sibling, grad, env, body, line)
+            return
         rule, args = self.match(node, env, line)
         wanted = {
             i
@@ -266,7 +285,7 @@ class Generator:
         for i in sorted(wanted):
             entry = result.entries[i]
             assert entry is not None
-            self.operand(args[rule.params[i]], entry, env, body, line, rule)
+            self.operand(args[rule.params[i]], entry, env, body, line, rule.name.rstrip("_"))
 
     def operand(
         self,
@@ -275,13 +294,13 @@ class Generator:
         env: Mapping[str, Version],
         body: list[cst.BaseStatement],
         line: int,
-        rule: Rule,
+        label: str,
     ) -> None:
         """Send a rule's gradient entry on to one argument expression."""
         if isinstance(arg, cst.Name):
             self.expr(arg, entry, arg, env, body, line)
             return
-        name = cst.Name(self.names.fresh(f"grad_{rule.name.rstrip('_')}"))
+        name = cst.Name(self.names.fresh(f"grad_{label}"))
         body.append(
             cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(name)], entry)])
         )
@@ -318,6 +337,40 @@ class Generator:
         self.extra.append(version)
         self.hoisted[arg] = version
         self.hoists.setdefault(id(step.statement), []).append((name, arg))
+
+    def _sibling(self, node: cst.BaseExpression) -> Sibling | None:
+        """Match `g(...)[0]`, the result of another differentiator of the module."""
+        pattern = m.Subscript(
+            value=m.Call(func=m.Name()), slice=[m.SubscriptElement(m.Index(m.Integer("0")))]
+        )
+        if not m.matches(node, pattern):
+            return None
+        assert isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call)
+        func = node.value.func
+        assert isinstance(func, cst.Name)
+        return self.siblings.get(func.value)
+
+    def sibling_vjp(self, node: cst.BaseExpression, sibling: Sibling, grad: cst.BaseExpression,
+                    env: Mapping[str, Version], body: list[cst.BaseStatement], line: int) -> None:
+        """Use a sibling's own lifted pair as the rule: recompute its context, run its
+        backward (differentiable, so this is right at every order), route the gradients."""
+        assert isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call)
+        call = node.value
+        ph = _Placeholders(env, self.hoisted)
+        converted = _expr(call.with_changes(func=cst.Name(sibling.forward)).visit(ph))
+        ctx = cst.Name(self.names.fresh(f"{sibling.name}_ctx"))
+        grads = cst.Name(self.names.fresh(f"grad_{sibling.name}"))
+        body.append(_line(ctx, cst.Subscript(converted, [cst.SubscriptElement(cst.Index(cst.Integer("1")))])))
+        body.append(_line(grads, cst.Call(cst.Name(sibling.backward), [cst.Arg(ctx), cst.Arg(grad)])))
+        for i, arg in enumerate(call.args):
+            if arg.star:
+                raise NoRule(line, f"`*` arguments to `{sibling.name}` cannot be routed")
+            index = i if arg.keyword is None else sibling.params.index(arg.keyword.value)
+            if not self.value(arg.value, env).diff:
+                continue
+            entry: cst.BaseExpression = grads if sibling.bare else cst.Subscript(
+                grads, [cst.SubscriptElement(cst.Index(cst.Integer(str(index))))])
+            self.operand(arg.value, entry, env, body, line, sibling.name)
 
     def match(
         self, node: cst.BaseExpression, env: Mapping[str, Version], line: int
@@ -400,6 +453,10 @@ def _op_name(node: cst.BaseExpression) -> str:
     if isinstance(node, cst.UnaryOperation):
         return "neg"
     return "value"
+
+
+def _line(target: cst.Name, value: cst.BaseExpression) -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(target)], value)])
 
 
 def _expr(node: cst.CSTNode) -> cst.BaseExpression:

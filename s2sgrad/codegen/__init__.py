@@ -11,12 +11,14 @@ import hashlib
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 
-from s2sgrad.codegen.emit import Names, emit
+from s2sgrad.codegen.emit import emit
+from s2sgrad.names import Names
 from s2sgrad.codegen.fmt import format_code
 from s2sgrad.codegen.imports import import_block
 from s2sgrad.diagnostics import Diagnostic, TransformError
-from s2sgrad.frontend.model import ParsedModule
+from s2sgrad.frontend.model import Differentiator, ParsedModule
 from s2sgrad.lift import Lifted
 from s2sgrad.options import Options
 
@@ -50,7 +52,8 @@ def generate(
 ) -> str:
     """Return the generated module for `lifted`, formatted with black."""
     _check_collisions(parsed, lifted)
-    used = [n for item in lifted for n in item.source.globals_used]
+    siblings = {item.source.name for item in lifted}
+    used = [n for item in lifted for n in item.source.globals_used if n not in siblings]
     extra = []
     if any(item.once_differentiable for item in lifted):
         extra.append("from torch.autograd.function import once_differentiable")
@@ -84,10 +87,17 @@ def generate(
     if any(item.gradients and item.gradients.blocks for item in lifted):
         body.append(cst.parse_statement(_ACCUMULATE))
     for item in lifted:
-        body += emit(item, origin.display_path)
+        body += emit(item, origin.display_path, siblings)
     code = cst.Module(body=body).code
     text = "\n".join(header) + "\n" + doc + "\n\n" + "\n".join(imports) + "\n" + code
     return format_code(text, options.line_length)
+
+
+def _only_called(diff: Differentiator, name: str) -> bool:
+    """Tell whether every use of `name` in `diff` is a call `name(...)`."""
+    calls = m.findall(diff.forward, m.Call(func=m.Name(name)))
+    uses = m.findall(diff.forward, m.Name(name))
+    return len(calls) == len(uses)
 
 
 def _check_collisions(parsed: ParsedModule, lifted: list[Lifted]) -> None:
@@ -99,8 +109,10 @@ def _check_collisions(parsed: ParsedModule, lifted: list[Lifted]) -> None:
     found = []
     for item in lifted:
         diff = item.source
+        siblings = {other.source.name for other in lifted}
         for name in diff.globals_used:
-            if name in generated and name in parsed.globals:
+            calls_sibling = name in siblings and _only_called(diff, name)
+            if name in generated and name in parsed.globals and not calls_sibling:
                 found.append(
                     Diagnostic(
                         "S2S114",

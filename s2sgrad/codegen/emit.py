@@ -9,6 +9,7 @@ saves; every saved tensor that is not promoted is marked non-differentiable.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import libcst as cst
@@ -16,7 +17,7 @@ import libcst as cst
 from s2sgrad.codegen import docs
 from s2sgrad.codegen.gradients import gradient_body
 from s2sgrad.lift import Lifted, Recompute, Saved
-from s2sgrad.names import NameAllocator
+from s2sgrad.names import NameAllocator, Names
 
 #: Attributes of autograd's ctx that a saved value must not overwrite.
 _CTX_API = {
@@ -40,25 +41,6 @@ _CTX_API = {
     "apply",
     "apply_jvp",
 }
-
-
-@dataclass(frozen=True)
-class Names:
-    """Module-level names generated for one differentiator."""
-
-    forward: str
-    backward: str
-    function: str
-    op: str
-
-    @classmethod
-    def of(cls, name: str) -> Names:
-        stem = name.lstrip("_")
-        camel = "".join(part[:1].upper() + part[1:] for part in stem.split("_"))
-        prefix = "_" * (len(name) - len(stem))
-        return cls(
-            f"{name}_forward", f"{name}_backward", f"{prefix}{camel}Function", name
-        )
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -88,16 +70,44 @@ def _suite_statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
     return [cst.SimpleStatementLine(list(suite.body))]
 
 
-def emit(lifted: Lifted, path: str) -> list[cst.BaseStatement]:
+def emit(lifted: Lifted, path: str, siblings: Collection[str] = ()) -> list[cst.BaseStatement]:
+    """Emit the definitions of one differentiator.
+
+    Calls to other differentiators of the module (`y, _ = g(x)`) become calls to their
+    lifted forward, which returns `(result, ctx)` just as the closure returned
+    `(result, backward)`: the module's name `g` is the op, which returns the result only.
+    """
     names = Names.of(lifted.source.name)
     recompute = lifted.gradients.recompute if lifted.gradients else None
-    return [
+    definitions = [
         forward_def(lifted, names, path),
         *([recompute_def(lifted, recompute, path)] if recompute else []),
         backward_def(lifted, names, path),
+    ]
+    rename = _SiblingCalls({s: Names.of(s).forward for s in siblings})
+    return [
+        *(_statement(d.visit(rename)) for d in definitions),
         function_class(lifted, names),
         op_def(lifted, names),
     ]
+
+
+class _SiblingCalls(cst.CSTTransformer):
+    """Point calls `g(...)` of sibling differentiators at their lifted forward."""
+
+    def __init__(self, forwards: dict[str, str]) -> None:
+        self.forwards = forwards
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        func = updated_node.func
+        if isinstance(func, cst.Name) and func.value in self.forwards:
+            return updated_node.with_changes(func=cst.Name(self.forwards[func.value]))
+        return updated_node
+
+
+def _statement(node: cst.CSTNode) -> cst.BaseStatement:
+    assert isinstance(node, cst.BaseStatement)
+    return node
 
 
 def recompute_def(lifted: Lifted, plan: Recompute, path: str) -> cst.FunctionDef:

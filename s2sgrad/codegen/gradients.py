@@ -28,8 +28,6 @@ def _statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
 
 def recompute_call(plan: Recompute) -> list[cst.BaseStatement]:
     targets = ", ".join(plan.targets)
-    if len(plan.targets) == 1:
-        targets += ","
     call = cst.parse_statement(f"{targets} = {plan.function}({', '.join(plan.args)})\n")
     notes = [_comment("Recomputed from saved inputs (correct at every order):")]
     notes += [_comment(f"  {reason}") for reason in plan.reasons]

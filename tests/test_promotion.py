@@ -1,0 +1,215 @@
+"""Promotion policies, recompute fallback, user rules and zero gradients (issue 3)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from s2sgrad import transform
+
+
+def load(source, **options):
+    ns = {}
+    exec(compile(transform(source, "t.py", **options), "t_grad.py", "exec"), ns)
+    return ns
+
+
+def nth_grads(fn, args, order):
+    """The order-th gradients of a fixed weighted sum of fn's result, by torch.autograd."""
+    out = fn(*args)
+    total = (out * torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)).sum()
+    for k in range(order):
+        grads = torch.autograd.grad(total, args, create_graph=True, materialize_grads=True)
+        total = sum((g * (i + 1.0)).sum() for i, g in enumerate(grads))
+    return grads
+
+
+CUBIC = '''
+import torch
+
+def square_prod(a, b):
+    t = a * b
+    def backward(grad):
+        return grad * 2 * t * b, grad * 2 * t * a
+    return t * t, backward
+'''
+
+TEMPORARY = '''
+import torch
+
+def add_mul(a, b):
+    t = a + b
+    def backward(grad):
+        return grad * b, grad * (t + b)
+    return t * b, backward
+'''
+
+NO_RULE = '''
+import torch
+
+def helper(x):
+    return torch.special.erfcx(x)
+
+def f(x):
+    t = helper(x) * x
+    def backward(grad):
+        return grad * (t / x + x * (2 * x * helper(x) - 2 / 3.141592653589793 ** 0.5) + 1)
+    return t + x, backward
+'''
+
+PRAGMA = '''
+import torch
+
+# s2sgrad: policy=recompute
+def f(x):
+    t = torch.sin(x)
+    def backward(grad):
+        return grad * 2 * t * torch.cos(x)
+    return t * t, backward
+'''
+
+
+def _inputs(n=2, size=4, positive=False):
+    torch.manual_seed(0)
+    return tuple(
+        (torch.rand(size, dtype=torch.float64) + 0.5 if positive else torch.randn(size, dtype=torch.float64)).requires_grad_()
+        for _ in range(n)
+    )
+
+
+@pytest.mark.parametrize("policy", ["promote", "recompute"])
+def test_policies_give_right_second_and_third_order(policy):
+    ns = load(CUBIC, policy=policy)
+    reference = {}
+    exec(CUBIC, reference)
+    args = _inputs()
+    for order in (1, 2, 3):
+        got = nth_grads(ns["square_prod"], args, order)
+        expected = nth_grads(lambda a, b: reference["square_prod"](a, b)[0], args, order)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b)
+    assert torch.autograd.gradgradcheck(ns["square_prod"], args)
+
+
+def test_first_order_policy_is_once_differentiable_and_smallest():
+    text = transform(TEMPORARY, "t.py", policy="first-order")
+    assert "@once_differentiable" in text and "grad_t=None" not in text
+    ns = load(TEMPORARY, policy="first-order")
+    args = _inputs()
+    assert torch.autograd.gradcheck(ns["add_mul"], args)
+    out = ns["add_mul"](*args).sum()
+    (ga, _) = torch.autograd.grad(out, args, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        torch.autograd.grad(ga.sum(), args)
+
+
+def test_promote_policy_has_no_once_differentiable_and_promotes_t():
+    text = transform(TEMPORARY, "t.py")
+    assert "once_differentiable" not in text
+    assert "def add_mul_backward(ctx, grad, *, grad_t=None):" in text
+    assert "mark_non_differentiable" not in text
+
+
+def test_call_without_rule_is_recomputed_with_a_comment():
+    text = transform(NO_RULE, "t.py", "t")
+    assert "def f_recompute(x):" in text
+    assert "no derivative rule for `helper(x)`" in text
+    assert "# Recomputed from saved inputs (correct at every order):" in text
+    ns = {}
+    exec(NO_RULE, ns)
+    sys.modules.setdefault("t", type(sys)("t")).__dict__.update(ns)
+    try:
+        gen = {}
+        exec(compile(text, "t_grad.py", "exec"), gen)
+        (x,) = _inputs(1, positive=True)
+        assert torch.autograd.gradcheck(gen["f"], (x,))
+        assert torch.autograd.gradgradcheck(gen["f"], (x,))
+    finally:
+        del sys.modules["t"]
+
+
+def test_pragma_overrides_the_policy_for_one_function():
+    text = transform(PRAGMA, "t.py", policy="first-order")
+    assert "def f_recompute(x):" in text
+    assert "once_differentiable" not in text
+    ns = load(PRAGMA, policy="first-order")
+    (x,) = _inputs(1)
+    assert torch.autograd.gradgradcheck(ns["f"], (x,))
+
+
+def test_cli_policy_flag(tmp_path):
+    (tmp_path / "ops.py").write_text(TEMPORARY)
+    run = subprocess.run(
+        [sys.executable, "-m", "s2sgrad", "convert", "ops.py", "--policy", "first-order", "--stdout"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "@once_differentiable" in run.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "s2sgrad", "convert", "ops.py", "--policy", "nope"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert bad.returncode == 2
+
+
+SIBLINGS = '''
+import torch
+
+def softplus2(x):
+    t = torch.exp(x)
+    def backward(grad):
+        return grad * t / (1 + t)
+    return torch.log1p(t), backward
+
+
+def composed(x, w):
+    h = x * w
+    s, _ = softplus2(h)
+    def backward(grad):
+        gh = grad * torch.sigmoid(h)
+        return gh * w, gh * x + 0 * s
+    return s * 2 - s, backward
+'''
+
+
+def test_a_differentiator_of_the_module_is_the_rule_for_calls_to_it():
+    text = transform(SIBLINGS, "t.py")
+    assert "softplus2_backward(softplus2_ctx, grad_s)" in text
+    assert "s, _ = softplus2_forward(h)" in text
+    ns = load(SIBLINGS)
+    args = _inputs()
+    assert torch.autograd.gradcheck(ns["composed"], args)
+    assert torch.autograd.gradgradcheck(ns["composed"], args)
+
+
+MULTI = '''
+import torch
+
+def sin_cos_scaled(x, w):
+    t = x * w
+    s = torch.sin(t)
+    c = torch.cos(t)
+    def backward(grad_s, grad_c):
+        g = 2 * grad_s * c - 3 * grad_c * s
+        return g * w, g * x
+    return (s * 2, c * 3), backward
+'''
+
+
+def test_missing_output_gradients_are_zeros_and_none_skips_work():
+    ns = load(MULTI)
+    x, w = _inputs()
+    s, c = ns["sin_cos_scaled"](x, w)
+    gx, gw = torch.autograd.grad(s.sum(), (x, w), create_graph=True)
+    expected = torch.autograd.grad(torch.sin(x * w).sum() * 2, (x, w), create_graph=True)
+    torch.testing.assert_close(gx, expected[0])
+    second = torch.autograd.grad(gx.sum(), (x, w))
+    reference = torch.autograd.grad(expected[0].sum(), (x, w))
+    for a, b in zip(second, reference, strict=True):
+        torch.testing.assert_close(a, b)
+    ctx = ns["sin_cos_scaled_forward"](x.detach(), w.detach())[1]
+    # Only a promoted gradient: the closure's part is skipped, nothing is None-multiplied.
+    got = ns["sin_cos_scaled_backward"](ctx, None, None, grad_t=torch.ones(4, dtype=torch.float64))
+    torch.testing.assert_close(got[0], w.detach())
+    assert ns["sin_cos_scaled_backward"](ctx, None, None) == (None, None)
