@@ -196,6 +196,7 @@ _VALUES_INDICES = {
     "nanmedian",
 }
 _TENSOR_ANNOTATIONS = ("Tensor",)
+_NUMBER_ANNOTATIONS = {"int", "float", "bool", "complex", "Number"}
 _SCALAR_ANNOTATIONS = {
     "int",
     "float",
@@ -221,8 +222,6 @@ _SCALAR_ANNOTATIONS = {
 def param_value(param: Param) -> Value:
     """Infer a parameter's value from its annotation, default and gradient slot."""
     annotation = param.annotation or ""
-    if any(word in annotation for word in _TENSOR_ANNOTATIONS):
-        return DIFF if param.gets_gradient else CONST
     words = set(
         annotation.replace("[", " ")
         .replace("]", " ")
@@ -231,6 +230,10 @@ def param_value(param: Param) -> Value:
         .replace(".", " ")
         .split()
     )
+    if any(word in annotation for word in _TENSOR_ANNOTATIONS):
+        # `torch.Tensor | float`: a tensor or a Python number, known only at run time.
+        tensor = None if words & _NUMBER_ANNOTATIONS else True
+        return Value(tensor, param.gets_gradient)
     if words and words <= _SCALAR_ANNOTATIONS | {
         "Optional",
         "Union",

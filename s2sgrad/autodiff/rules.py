@@ -62,7 +62,7 @@ import torch
 # --------------------------------------------------------------------------
 
 
-def add(x, other):
+def add(x: torch.Tensor | float, other: torch.Tensor | float):
     """x + other (broadcasting)."""
     out = x + other
     def backward(grad):
@@ -70,7 +70,7 @@ def add(x, other):
     return out, backward
 
 
-def sub(x, other):
+def sub(x: torch.Tensor | float, other: torch.Tensor | float):
     """x - other (broadcasting)."""
     out = x - other
     def backward(grad):
@@ -78,7 +78,7 @@ def sub(x, other):
     return out, backward
 
 
-def mul(x, other):
+def mul(x: torch.Tensor | float, other: torch.Tensor | float):
     """x * other (broadcasting)."""
     out = x * other
     def backward(grad):
@@ -86,7 +86,7 @@ def mul(x, other):
     return out, backward
 
 
-def div(x, other):
+def div(x: torch.Tensor | float, other: torch.Tensor | float):
     """True division x / other (broadcasting)."""
     out = x / other
     def backward(grad):
@@ -105,7 +105,7 @@ def neg(x):
     return out, backward
 
 
-def pow_(x, exponent):
+def pow_(x: torch.Tensor | float, exponent: torch.Tensor | float):
     """x ** exponent; either operand may be a tensor or a Python scalar."""
     out = x ** exponent
     def backward(grad):
@@ -287,7 +287,7 @@ def softplus(x, beta=1.0, threshold=20.0):
     return out, backward
 
 
-def clamp(x, min=None, max=None):
+def clamp(x, min: torch.Tensor | float | None = None, max: torch.Tensor | float | None = None):
     """Clamp to [min, max]; either bound may be None, a scalar or a tensor."""
     out = torch.clamp(x, min=min, max=max)
     def backward(grad):
@@ -306,7 +306,7 @@ def clamp(x, min=None, max=None):
 # --------------------------------------------------------------------------
 
 
-def where(condition, input, other):
+def where(condition, input: torch.Tensor | float, other: torch.Tensor | float):
     """torch.where(condition, input, other); input/other may be scalars."""
     out = torch.where(condition, input, other)
     def backward(grad):
@@ -318,7 +318,7 @@ def where(condition, input, other):
     return out, backward
 
 
-def tensor_where(input, condition, other):
+def tensor_where(input, condition, other: torch.Tensor | float):
     """input.where(condition, other), the method spelling of torch.where."""
     out = torch.where(condition, input, other)
     def backward(grad):
@@ -330,7 +330,7 @@ def tensor_where(input, condition, other):
     return out, backward
 
 
-def maximum(x, other):
+def maximum(x: torch.Tensor | float, other: torch.Tensor | float):
     """Elementwise maximum; ties split the gradient equally, as in PyTorch."""
     out = torch.maximum(x, other)
     def backward(grad):
@@ -342,7 +342,7 @@ def maximum(x, other):
     return out, backward
 
 
-def minimum(x, other):
+def minimum(x: torch.Tensor | float, other: torch.Tensor | float):
     """Elementwise minimum; ties split the gradient equally, as in PyTorch."""
     out = torch.minimum(x, other)
     def backward(grad):
@@ -354,7 +354,7 @@ def minimum(x, other):
     return out, backward
 
 
-def masked_fill(x, mask, value):
+def masked_fill(x, mask, value: torch.Tensor | float):
     """x.masked_fill(mask, value); value may be a scalar or a 0-dim tensor."""
     out = torch.masked_fill(x, mask, value)
     def backward(grad):

@@ -18,6 +18,7 @@ from s2sgrad.codegen import docs
 from s2sgrad.codegen.gradients import gradient_body
 from s2sgrad.lift import Lifted, Recompute, Saved
 from s2sgrad.names import NameAllocator, Names
+from s2sgrad.values import param_value
 
 #: Attributes of autograd's ctx that a saved value must not overwrite.
 _CTX_API = {
@@ -332,23 +333,23 @@ class _FunctionWriter:
     def _return(self, call: str, nones: str) -> list[str]:
         """Return gradients, with None for inputs that cannot take one."""
         diff = self.lifted.source
-        fixed = [
-            i
-            for i, p in enumerate(diff.params)
-            if p.gets_gradient
-            and self.lifted.values.get(p.name) is not None
-            and self.lifted.values[p.name].tensor is False
-        ]
+        kinds = [param_value(p).tensor if p.gets_gradient else True for p in diff.params]
+        fixed = [i for i, tensor in enumerate(kinds) if tensor is False]
+        maybe = [i for i, tensor in enumerate(kinds) if tensor is None]
         bare_none = diff.returns_bare_none and len(self.params) > 1
-        if not fixed and not bare_none:
+        if not fixed and not maybe and not bare_none:
             return [f"    return {call}"]
         grads = self.grads_name
         lines = [f"    {grads} = {call}"]
         if bare_none:
             lines += [f"    if {grads} is None:", f"        return {nones}"]
-        if fixed:
+        if fixed or maybe:
+            # A number where a tensor may be passed takes no gradient: autograd wants
+            # None there, and needs_input_grad says which it was.
             items = [
-                "None" if i in fixed else f"{grads}[{i}]"
+                "None" if i in fixed
+                else f"{grads}[{i}] if {self.ctx}.needs_input_grad[{i}] else None" if i in maybe
+                else f"{grads}[{i}]"
                 for i in range(len(self.params))
             ]
             lines.append(f"    return {', '.join(items)}")
