@@ -11,6 +11,7 @@ result, torch, math and builtins.
 from __future__ import annotations
 
 import ast
+import functools
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,16 +44,42 @@ def parenthesize(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
+class _Names(cst.CSTVisitor):
+    """Collect the names a node reads and the names its targets bind."""
+
+    def __init__(self) -> None:
+        self.read: set[str] = set()
+        self.bound: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.read.add(node.value)
+
+    def _target(self, target: cst.CSTNode) -> None:
+        inner = _Names()
+        target.visit(inner)
+        self.bound |= inner.read
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._target(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._target(node.target)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._target(node.target)
+
+
+@functools.lru_cache(maxsize=8192)
+def _names(node: cst.CSTNode) -> tuple[frozenset[str], frozenset[str]]:
+    """Return (names read, names bound) of a node; rule nodes are asked many times."""
+    visitor = _Names()
+    node.visit(visitor)
+    return frozenset(visitor.read), frozenset(visitor.bound)
+
+
 def bound_names(nodes: Sequence[cst.CSTNode]) -> set[str]:
     """Names a piece of code binds: assignment and comprehension targets."""
-    names: set[str] = set()
-    for node in nodes:
-        for target in m.findall(node, m.AssignTarget() | m.CompFor() | m.AugAssign()):
-            inner = target.target
-            for name in m.findall(inner, m.Name()):
-                assert isinstance(name, cst.Name)
-                names.add(name.value)
-    return names
+    return set().union(*(_names(node)[1] for node in nodes))
 
 
 class _Substitute(cst.CSTTransformer):
@@ -86,7 +113,7 @@ def substitute(
 
 
 def _reads(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+    return set(_names(node)[0])
 
 
 _FOLDABLE = (

@@ -16,6 +16,7 @@ import libcst.matchers as m
 from s2sgrad.codegen.emit import emit
 from s2sgrad.names import Names
 from s2sgrad.codegen.fmt import format_code
+from s2sgrad.codegen.guard import check_generated
 from s2sgrad.codegen.imports import import_block
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, ParsedModule
@@ -90,7 +91,9 @@ def generate(
         body += emit(item, origin.display_path, siblings)
     code = cst.Module(body=body).code
     text = "\n".join(header) + "\n" + doc + "\n\n" + "\n".join(imports) + "\n" + code
-    return format_code(text, options.line_length)
+    formatted = format_code(text, options.line_length)
+    check_generated(formatted, options.line_length)
+    return formatted
 
 
 def _only_called(diff: Differentiator, name: str) -> bool:
