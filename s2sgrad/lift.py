@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import libcst as cst
+import libcst.matchers as m
 
 from s2sgrad.frontend.model import Capture, Differentiator, Use
 from s2sgrad.names import NameAllocator
@@ -101,6 +102,8 @@ class Lifted:
     forward_statements: tuple[cst.BaseStatement, ...] = ()
     #: Set by autodiff when temporaries are promoted or recomputed.
     gradients: Gradients | None = None
+    #: The variables that hold each forward parameter's gradient in f_backward.
+    results: tuple[str, ...] = ()
 
     @property
     def extras(self) -> tuple[Saved, ...]:
@@ -125,8 +128,36 @@ def lift(diff: Differentiator, options: Options) -> Lifted:
     body = diff.backward.body.visit(_Replace(replacements))
     assert isinstance(body, cst.BaseSuite)
     once = any(s.kind == "temporary" and not s.promoted for s in context)
+    results = result_names(diff, names)
     return Lifted(
-        diff, context, body, values, frozenset(names.taken), once, diff.statements
+        diff, context, body, values, frozenset(names.taken), once, diff.statements,
+        results=results,
+    )
+
+
+def result_names(diff: Differentiator, names: NameAllocator) -> tuple[str, ...]:
+    """Name the variable holding each parameter's gradient in f_backward.
+
+    Where the closure ends in `return grad_x, grad_w` with its own locals, those are the
+    names (so its code reads unchanged); otherwise `grad_<parameter>`, made unique.
+    """
+    body = diff.backward.body
+    statements = list(body.body) if isinstance(body, cst.IndentedBlock) else []
+    returns = m.findall(body, m.Return())
+    chosen: list[str | None] = [None] * len(diff.params)
+    final = m.SimpleStatementLine(body=[m.Return()])
+    if len(returns) == 1 and statements and m.matches(statements[-1], final):
+        value = returns[0].value  # type: ignore[attr-defined]
+        items = value.elements if isinstance(value, cst.Tuple) else [cst.Element(value)]
+        assigned = _Assigned()
+        body.visit(assigned)
+        if len(items) == len(chosen):
+            for i, item in enumerate(items):
+                name = item.value.value if isinstance(item.value, cst.Name) else None
+                if name in assigned.names and name not in chosen:
+                    chosen[i] = name
+    return tuple(
+        c or names.fresh(f"grad_{p.name}") for c, p in zip(chosen, diff.params, strict=True)
     )
 
 

@@ -38,7 +38,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return p @ v, (p, v, scale, k, q, scores_matmul.shape, q.dim(), q.shape)
 
 
-def attention_backward(ctx, grad, *, grad_p=None):
+def attention_backward(ctx, grad, *, grad_p=None, needs_input_grad=None):
     """Map the gradient(s) of `attention` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/attention.py:22, with its captures read from `ctx`.
@@ -47,10 +47,13 @@ def attention_backward(ctx, grad, *, grad_p=None):
     grad_q = grad_k = grad_v = None
     # The closure `backward`, as written.
     if grad is not None:
-        grad_v = p.transpose(-2, -1) @ grad
         grad_s = _softmax_backward(p, grad @ v.transpose(-2, -1)) * scale
-        grad_q = grad_s @ k
-        grad_k = grad_s.transpose(-2, -1) @ q
+        if needs_input_grad is None or needs_input_grad[0]:
+            grad_q = grad_s @ k
+        if needs_input_grad is None or needs_input_grad[1]:
+            grad_k = grad_s.transpose(-2, -1) @ q
+        if needs_input_grad is None or needs_input_grad[2]:
+            grad_v = p.transpose(-2, -1) @ grad
     grad_scores = None
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_p is not None:
@@ -123,6 +126,7 @@ class AttentionFunction(torch.autograd.Function):
             (p, v, ctx.scale, k, q, ctx.scores_matmul_shape, ctx.q_dim, ctx.q_shape),
             grad,
             grad_p=grad_p,
+            needs_input_grad=ctx.needs_input_grad,
         )
 
 
@@ -155,7 +159,7 @@ def causal_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return p @ v, (p, v, scale, k, q, mask, scores_matmul.shape, q.dim(), q.shape)
 
 
-def causal_attention_backward(ctx, grad, *, grad_p=None):
+def causal_attention_backward(ctx, grad, *, grad_p=None, needs_input_grad=None):
     """Map the gradient(s) of `causal_attention` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/attention.py:37, with its captures read from `ctx`.
@@ -164,9 +168,13 @@ def causal_attention_backward(ctx, grad, *, grad_p=None):
     grad_q = grad_k = grad_v = None
     # The closure `backward`, as written.
     if grad is not None:
-        grad_v = p.transpose(-2, -1) @ grad
         grad_s = _softmax_backward(p, grad @ v.transpose(-2, -1)) * scale
-        grad_q, grad_k = grad_s @ k, grad_s.transpose(-2, -1) @ q
+        if needs_input_grad is None or needs_input_grad[0]:
+            grad_q = grad_s @ k
+        if needs_input_grad is None or needs_input_grad[1]:
+            grad_k = grad_s.transpose(-2, -1) @ q
+        if needs_input_grad is None or needs_input_grad[2]:
+            grad_v = p.transpose(-2, -1) @ grad
     grad_scores = None
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_p is not None:
@@ -252,6 +260,7 @@ class CausalAttentionFunction(torch.autograd.Function):
             ),
             grad,
             grad_p=grad_p,
+            needs_input_grad=ctx.needs_input_grad,
         )
 
 

@@ -19,13 +19,18 @@ def mul_forward(a: torch.Tensor, b: torch.Tensor):
     return a * b, (b, a)
 
 
-def mul_backward(ctx, grad):
+def mul_backward(ctx, grad, *, needs_input_grad=None):
     """Map the gradient(s) of `mul` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/elementwise.py:7, with its captures read from `ctx`.
     """
     b, a = ctx
-    return (grad * b).sum_to_size(a.shape), (grad * a).sum_to_size(b.shape)
+    grad_a = grad_b = None
+    if needs_input_grad is None or needs_input_grad[0]:
+        grad_a = (grad * b).sum_to_size(a.shape)
+    if needs_input_grad is None or needs_input_grad[1]:
+        grad_b = (grad * a).sum_to_size(b.shape)
+    return grad_a, grad_b
 
 
 class MulFunction(torch.autograd.Function):
@@ -48,7 +53,7 @@ class MulFunction(torch.autograd.Function):
         if grad is None:
             return None, None
         b, a = ctx.saved_tensors
-        return mul_backward((b, a), grad)
+        return mul_backward((b, a), grad, needs_input_grad=ctx.needs_input_grad)
 
 
 def mul(a: torch.Tensor, b: torch.Tensor):
@@ -70,13 +75,18 @@ def scaled_mul_forward(x: torch.Tensor, y: torch.Tensor, alpha: float = 1.0):
     return t * alpha, (y, alpha, x)
 
 
-def scaled_mul_backward(ctx, grad):
+def scaled_mul_backward(ctx, grad, *, needs_input_grad=None):
     """Map the gradient(s) of `scaled_mul` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/elementwise.py:15, with its captures read from `ctx`.
     """
     y, alpha, x = ctx
-    return grad * y * alpha, grad * x * alpha, None
+    grad_x = grad_y = grad_alpha = None
+    if needs_input_grad is None or needs_input_grad[0]:
+        grad_x = grad * y * alpha
+    if needs_input_grad is None or needs_input_grad[1]:
+        grad_y = grad * x * alpha
+    return grad_x, grad_y, grad_alpha
 
 
 class ScaledMulFunction(torch.autograd.Function):
@@ -100,7 +110,9 @@ class ScaledMulFunction(torch.autograd.Function):
         if grad is None:
             return None, None, None
         y, x = ctx.saved_tensors
-        return scaled_mul_backward((y, ctx.alpha, x), grad)
+        return scaled_mul_backward(
+            (y, ctx.alpha, x), grad, needs_input_grad=ctx.needs_input_grad
+        )
 
 
 def scaled_mul(x: torch.Tensor, y: torch.Tensor, alpha: float = 1.0):
@@ -122,14 +134,19 @@ def div_forward(a: torch.Tensor, b: torch.Tensor):
     return out, (b, a.shape, out)
 
 
-def div_backward(ctx, grad):
+def div_backward(ctx, grad, *, needs_input_grad=None):
     """Map the gradient(s) of `div` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/elementwise.py:23, with its captures read from `ctx`.
     """
     b, a_shape, out = ctx
+    grad_a_1 = grad_b = None
     grad_a = grad / b
-    return grad_a.sum_to_size(a_shape), (-grad_a * out).sum_to_size(b.shape)
+    if needs_input_grad is None or needs_input_grad[0]:
+        grad_a_1 = grad_a.sum_to_size(a_shape)
+    if needs_input_grad is None or needs_input_grad[1]:
+        grad_b = (-grad_a * out).sum_to_size(b.shape)
+    return grad_a_1, grad_b
 
 
 class DivFunction(torch.autograd.Function):
@@ -158,7 +175,9 @@ class DivFunction(torch.autograd.Function):
         if grad is None:
             return None, None
         b, out = ctx.saved_tensors
-        return div_backward((b, ctx.a_shape, out), grad)
+        return div_backward(
+            (b, ctx.a_shape, out), grad, needs_input_grad=ctx.needs_input_grad
+        )
 
 
 def div(a: torch.Tensor, b: torch.Tensor):

@@ -53,7 +53,7 @@ def mlp_forward(
     )
 
 
-def mlp_backward(ctx, grad, *, grad_a_1=None):
+def mlp_backward(ctx, grad, *, grad_a_1=None, needs_input_grad=None):
     """Map the gradient(s) of `mlp` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/mlp.py:8, with its captures read from `ctx`.
@@ -64,13 +64,16 @@ def mlp_backward(ctx, grad, *, grad_a_1=None):
     if grad is not None:
         grad_a = grad @ w2.t()
         grad_h = grad_a * (1 - a * a)
-        grad_x, grad_w1, grad_b1, grad_w2, grad_b2 = (
-            grad_h @ w1.t(),
-            x.t() @ grad_h,
-            grad_h.sum(0),
-            a.t() @ grad,
-            grad.sum(0),
-        )
+        if needs_input_grad is None or needs_input_grad[0]:
+            grad_x = grad_h @ w1.t()
+        if needs_input_grad is None or needs_input_grad[1]:
+            grad_w1 = x.t() @ grad_h
+        if needs_input_grad is None or needs_input_grad[2]:
+            grad_b1 = grad_h.sum(0)
+        if needs_input_grad is None or needs_input_grad[3]:
+            grad_w2 = a.t() @ grad
+        if needs_input_grad is None or needs_input_grad[4]:
+            grad_b2 = grad.sum(0)
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_a_1 is not None:
         # line 7: a = torch.tanh(x @ w1 + b1)
@@ -161,6 +164,7 @@ class MlpFunction(torch.autograd.Function):
             ),
             grad,
             grad_a_1=grad_a_1,
+            needs_input_grad=ctx.needs_input_grad,
         )
 
 
@@ -220,7 +224,7 @@ def relu_mlp_forward(
     )
 
 
-def relu_mlp_backward(ctx, grad, *, grad_a=None):
+def relu_mlp_backward(ctx, grad, *, grad_a=None, needs_input_grad=None):
     """Map the gradient(s) of `relu_mlp` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/mlp.py:21, with its captures read from `ctx`.
@@ -243,13 +247,16 @@ def relu_mlp_backward(ctx, grad, *, grad_a=None):
     # The closure `backward`, as written.
     if grad is not None:
         grad_h = (grad @ w2.t()) * mask
-        grad_x, grad_w1, grad_b1, grad_w2, grad_b2 = (
-            grad_h @ w1.t(),
-            x.t() @ grad_h,
-            grad_h.sum(0),
-            a.t() @ grad,
-            grad.sum(0),
-        )
+        if needs_input_grad is None or needs_input_grad[0]:
+            grad_x = grad_h @ w1.t()
+        if needs_input_grad is None or needs_input_grad[1]:
+            grad_w1 = x.t() @ grad_h
+        if needs_input_grad is None or needs_input_grad[2]:
+            grad_b1 = grad_h.sum(0)
+        if needs_input_grad is None or needs_input_grad[3]:
+            grad_w2 = a.t() @ grad
+        if needs_input_grad is None or needs_input_grad[4]:
+            grad_b2 = grad.sum(0)
     grad_h_1 = None
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_a is not None:
@@ -373,6 +380,7 @@ class ReluMlpFunction(torch.autograd.Function):
             ),
             grad,
             grad_a=grad_a,
+            needs_input_grad=ctx.needs_input_grad,
         )
 
 

@@ -63,7 +63,9 @@ def layer_norm_forward(
     )
 
 
-def layer_norm_backward(ctx, grad, *, grad_rstd=None, grad_x_hat=None, grad_xc=None):
+def layer_norm_backward(
+    ctx, grad, *, grad_rstd=None, grad_x_hat=None, grad_xc=None, needs_input_grad=None
+):
     """Map the gradient(s) of `layer_norm` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/normalization.py:12, with its captures read from `ctx`.
@@ -88,12 +90,17 @@ def layer_norm_backward(ctx, grad, *, grad_rstd=None, grad_x_hat=None, grad_xc=N
     grad_x = grad_weight = grad_bias = grad_eps = None
     # The closure `backward`, as written.
     if grad is not None:
-        g = grad * weight
-        grad_x = rstd * (
-            g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True)
-        )
-        grad_weight = (grad * x_hat).sum_to_size(weight.shape)
-        grad_bias = grad.sum_to_size(bias_shape)
+        if needs_input_grad is None or needs_input_grad[0]:
+            g = grad * weight
+            grad_x = rstd * (
+                g
+                - g.mean(-1, keepdim=True)
+                - x_hat * (g * x_hat).mean(-1, keepdim=True)
+            )
+        if needs_input_grad is None or needs_input_grad[1]:
+            grad_weight = (grad * x_hat).sum_to_size(weight.shape)
+        if needs_input_grad is None or needs_input_grad[2]:
+            grad_bias = grad.sum_to_size(bias_shape)
     grad_mean_1 = grad_var = None
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_x_hat is not None:
@@ -249,6 +256,7 @@ class LayerNormFunction(torch.autograd.Function):
             grad_rstd=grad_rstd,
             grad_x_hat=grad_x_hat,
             grad_xc=grad_xc,
+            needs_input_grad=ctx.needs_input_grad,
         )
 
 
@@ -294,7 +302,9 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6
     )
 
 
-def rms_norm_backward(ctx, grad, *, grad_rstd=None, grad_x_hat=None):
+def rms_norm_backward(
+    ctx, grad, *, grad_rstd=None, grad_x_hat=None, needs_input_grad=None
+):
     """Map the gradient(s) of `rms_norm` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/normalization.py:26, with its captures read from `ctx`.
@@ -314,9 +324,11 @@ def rms_norm_backward(ctx, grad, *, grad_rstd=None, grad_x_hat=None):
     grad_x = grad_weight = grad_eps = None
     # The closure `backward`, as written.
     if grad is not None:
-        g = grad * weight
-        grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
-        grad_weight = (grad * x_hat).sum_to_size(weight.shape)
+        if needs_input_grad is None or needs_input_grad[0]:
+            g = grad * weight
+            grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
+        if needs_input_grad is None or needs_input_grad[1]:
+            grad_weight = (grad * x_hat).sum_to_size(weight.shape)
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_x_hat is not None:
         # line 25: x_hat = x * rstd
@@ -422,6 +434,7 @@ class RmsNormFunction(torch.autograd.Function):
             grad,
             grad_rstd=grad_rstd,
             grad_x_hat=grad_x_hat,
+            needs_input_grad=ctx.needs_input_grad,
         )
 
 

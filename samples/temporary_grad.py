@@ -29,7 +29,7 @@ def add_mul_forward(a: torch.Tensor, b: torch.Tensor):
     return t * b, (b, t, a.shape, b.shape)
 
 
-def add_mul_backward(ctx, grad, *, grad_t=None):
+def add_mul_backward(ctx, grad, *, grad_t=None, needs_input_grad=None):
     """Map the gradient(s) of `add_mul` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/temporary.py:8, with its captures read from `ctx`.
@@ -38,7 +38,10 @@ def add_mul_backward(ctx, grad, *, grad_t=None):
     grad_a = grad_b = None
     # The closure `backward`, as written.
     if grad is not None:
-        grad_a, grad_b = grad * b, grad * (t + b)
+        if needs_input_grad is None or needs_input_grad[0]:
+            grad_a = grad * b
+        if needs_input_grad is None or needs_input_grad[1]:
+            grad_b = grad * (t + b)
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_t is not None:
         # line 7: t = a + b
@@ -74,7 +77,12 @@ class AddMulFunction(torch.autograd.Function):
         if grad is None and grad_t is None:
             return None, None
         b, t = ctx.saved_tensors
-        return add_mul_backward((b, t, ctx.a_shape, ctx.b_shape), grad, grad_t=grad_t)
+        return add_mul_backward(
+            (b, t, ctx.a_shape, ctx.b_shape),
+            grad,
+            grad_t=grad_t,
+            needs_input_grad=ctx.needs_input_grad,
+        )
 
 
 def add_mul(a: torch.Tensor, b: torch.Tensor):
@@ -96,7 +104,7 @@ def squared_distance_forward(x: torch.Tensor, y: torch.Tensor):
     return (d * d).sum(), (d, x.shape, y.shape)
 
 
-def squared_distance_backward(ctx, grad, *, grad_d=None):
+def squared_distance_backward(ctx, grad, *, grad_d=None, needs_input_grad=None):
     """Map the gradient(s) of `squared_distance` (grad) to its inputs' gradients.
 
     The closure `backward` of samples/temporary.py:16, with its captures read from `ctx`.
@@ -106,7 +114,8 @@ def squared_distance_backward(ctx, grad, *, grad_d=None):
     # The closure `backward`, as written.
     if grad is not None:
         g = 2.0 * grad * d
-        grad_y = -g
+        if needs_input_grad is None or needs_input_grad[1]:
+            grad_y = -g
     # Gradients of the promoted temporaries, back to the inputs.
     if grad_d is not None:
         # line 15: d = x - y
@@ -142,7 +151,10 @@ class SquaredDistanceFunction(torch.autograd.Function):
             return None, None
         (d,) = ctx.saved_tensors
         return squared_distance_backward(
-            (d, ctx.x_shape, ctx.y_shape), grad, grad_d=grad_d
+            (d, ctx.x_shape, ctx.y_shape),
+            grad,
+            grad_d=grad_d,
+            needs_input_grad=ctx.needs_input_grad,
         )
 
 

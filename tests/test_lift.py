@@ -109,7 +109,7 @@ def f(x, y):
     result = lifted(source)
     assert [s.name for s in result.context] == ["y", "ctx"]
     text = transform(source, "t.py")
-    assert "def f_backward(ctx_1, grad, *, grad_ctx=None):" in text
+    assert "def f_backward(ctx_1, grad, *, grad_ctx=None, needs_input_grad=None):" in text
     ns, closure = namespace(source)
     x, y, g = (torch.randn(3, dtype=torch.float64) for _ in range(3))
     _, bw = closure["f"](x, y)

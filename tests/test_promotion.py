@@ -107,7 +107,7 @@ def test_first_order_policy_is_once_differentiable_and_smallest():
 def test_promote_policy_has_no_once_differentiable_and_promotes_t():
     text = transform(TEMPORARY, "t.py")
     assert "once_differentiable" not in text
-    assert "def add_mul_backward(ctx, grad, *, grad_t=None):" in text
+    assert "def add_mul_backward(ctx, grad, *, grad_t=None, needs_input_grad=None):" in text
     assert "mark_non_differentiable" not in text
 
 
@@ -213,3 +213,33 @@ def test_missing_output_gradients_are_zeros_and_none_skips_work():
     got = ns["sin_cos_scaled_backward"](ctx, None, None, grad_t=torch.ones(4, dtype=torch.float64))
     torch.testing.assert_close(got[0], w.detach())
     assert ns["sin_cos_scaled_backward"](ctx, None, None) == (None, None)
+
+
+SEPARABLE = '''
+import torch
+
+def bilinear(x, w):
+    y = x @ w
+    def backward(grad):
+        gx = grad @ w.t()
+        gw = x.t() @ grad
+        return gx, gw
+    return y, backward
+'''
+
+
+def test_gradients_nobody_asked_for_are_not_computed():
+    text = transform(SEPARABLE, "t.py")
+    assert "if needs_input_grad is None or needs_input_grad[1]:" in text
+    ns = load(SEPARABLE)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    w = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    ctx = ns["bilinear_forward"](x, w)[1]
+    grad = torch.randn(3, 2, dtype=torch.float64)
+    gx, gw = ns["bilinear_backward"](ctx, grad, needs_input_grad=(False, True))
+    assert gx is None
+    torch.testing.assert_close(gw, x.t() @ grad)
+    both = ns["bilinear_backward"](ctx, grad)
+    torch.testing.assert_close(both[0], grad @ w.detach().t())
+    (only_w,) = torch.autograd.grad(ns["bilinear"](x, w).sum(), (w,))
+    torch.testing.assert_close(only_w, x.t() @ torch.ones(3, 2, dtype=torch.float64))

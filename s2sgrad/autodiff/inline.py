@@ -112,8 +112,12 @@ def substitute(
     return node.visit(_Substitute(mapping))
 
 
-def _reads(node: cst.CSTNode) -> set[str]:
+def names_read(node: cst.CSTNode) -> set[str]:
+    """Return the names a node reads (and, for simplicity, the names it binds)."""
     return set(_names(node)[0])
+
+
+_reads = names_read
 
 
 _FOLDABLE = (

@@ -155,7 +155,7 @@ class Planner:
         if self.policy == "first-order" or not temps:
             return self.lifted
         names = NameAllocator(self.lifted.taken)
-        results = self._results(names)
+        results = list(self.lifted.results)
         promote: list[Saved] = []
         recompute: list[tuple[Saved, str]] = []
         for temp in temps:
@@ -166,29 +166,6 @@ class Planner:
                 recompute.append((temp, reason))
         attempt = self._attempt(promote, names, results)
         return self._assemble(attempt, promote, recompute, results, names)
-
-    def _results(self, names: NameAllocator) -> list[str]:
-        """Name the variable holding each parameter's gradient.
-
-        Where the closure ends in `return grad_x, grad_w` with its own locals, those are
-        the names; otherwise `grad_<parameter>`.
-        """
-        body = self.diff.backward.body
-        statements = list(body.body) if isinstance(body, cst.IndentedBlock) else []
-        returns = m.findall(body, m.Return())
-        chosen: list[str | None] = [None] * len(self.diff.params)
-        if len(returns) == 1 and statements and m.matches(
-            statements[-1], m.SimpleStatementLine(body=[m.Return()])
-        ):
-            value = returns[0].value  # type: ignore[attr-defined]
-            items = value.elements if isinstance(value, cst.Tuple) else [cst.Element(value)]
-            if len(items) == len(chosen):
-                for i, item in enumerate(items):
-                    name = item.value.value if isinstance(item.value, cst.Name) else None
-                    usable = name in self.backward_locals and name not in self.diff.grad_params
-                    if usable and name not in chosen:
-                        chosen[i] = name
-        return [c or names.fresh(f"grad_{p.name}") for c, p in zip(chosen, self.diff.params, strict=True)]
 
     def _why_not(
         self, temp: Saved, names: NameAllocator, results: list[str]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from s2sgrad.codegen import docs
-from s2sgrad.codegen.gradients import gradient_body
+from s2sgrad.codegen.gradients import BackwardBody, backward_body
 from s2sgrad.lift import Lifted, Recompute, Saved
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import param_value
@@ -80,15 +80,16 @@ def emit(lifted: Lifted, path: str, siblings: Collection[str] = ()) -> list[cst.
     """
     names = Names.of(lifted.source.name)
     recompute = lifted.gradients.recompute if lifted.gradients else None
+    body = backward_body(lifted)
     definitions = [
         forward_def(lifted, names, path),
         *([recompute_def(lifted, recompute, path)] if recompute else []),
-        backward_def(lifted, names, path),
+        backward_def(lifted, names, path, body),
     ]
     rename = _SiblingCalls({s: Names.of(s).forward for s in siblings})
     return [
         *(_statement(d.visit(rename)) for d in definitions),
-        function_class(lifted, names),
+        function_class(lifted, names, body.needs),
         op_def(lifted, names),
     ]
 
@@ -140,21 +141,23 @@ def forward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
     )
 
 
-def backward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
+def backward_def(
+    lifted: Lifted, names: Names, path: str, gradients: BackwardBody
+) -> cst.FunctionDef:
     diff = lifted.source
     ctx = NameAllocator(lifted.taken).fresh("ctx")
     body: list[cst.BaseStatement] = [_doc(docs.backward_doc(lifted, path))]
     if lifted.context:
         unpack = _targets([s.name for s in lifted.context])
         body.append(cst.parse_statement(f"{unpack} = {ctx}\n"))
-    body += gradient_body(lifted, names)
-    incoming = lifted.gradients.incoming if lifted.gradients else ()
+    body += gradients.statements
+    keywords = [k for _, k in lifted.gradients.incoming] if lifted.gradients else []
+    if gradients.needs:
+        keywords.append(gradients.needs)
     params = diff.backward.params.with_changes(
         params=[cst.Param(cst.Name(ctx)), *diff.backward.params.params],
-        star_arg=cst.ParamStar() if incoming else cst.MaybeSentinel.DEFAULT,
-        kwonly_params=[
-            cst.Param(cst.Name(k), default=cst.Name("None")) for _, k in incoming
-        ],
+        star_arg=cst.ParamStar() if keywords else cst.MaybeSentinel.DEFAULT,
+        kwonly_params=[cst.Param(cst.Name(k), default=cst.Name("None")) for k in keywords],
     )
     return cst.FunctionDef(
         name=cst.Name(names.backward),
@@ -167,7 +170,8 @@ def backward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
 class _FunctionWriter:
     """Write the `torch.autograd.Function` subclass as source text."""
 
-    def __init__(self, lifted: Lifted, names: Names) -> None:
+    def __init__(self, lifted: Lifted, names: Names, needs: str | None) -> None:
+        self.needs = needs
         self.lifted = lifted
         self.names = names
         diff = lifted.source
@@ -326,6 +330,8 @@ class _FunctionWriter:
         ]
         ctx_value = _tuple(ctx_items) if ctx_items else "()"
         keywords = [f"{k}={k}" for k in incoming]
+        if self.needs:
+            keywords.append(f"{self.needs}={self.ctx}.needs_input_grad")
         call = f"{self.names.backward}({', '.join([ctx_value, *user, *keywords])})"
         lines += self._return(call, nones)
         return lines
@@ -358,8 +364,8 @@ class _FunctionWriter:
         return lines
 
 
-def function_class(lifted: Lifted, names: Names) -> cst.BaseStatement:
-    text = _FunctionWriter(lifted, names).write()
+def function_class(lifted: Lifted, names: Names, needs: str | None) -> cst.BaseStatement:
+    text = _FunctionWriter(lifted, names, needs).write()
     statement = cst.parse_module(text).body[0]
     return statement.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
 

@@ -9,10 +9,14 @@ and each VJP block adds the gradient of a promoted temporary into those variable
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 import libcst.matchers as m
 
+from s2sgrad.codegen.slicing import slice_closure
 from s2sgrad.lift import Lifted, Recompute
+from s2sgrad.names import NameAllocator
 
 
 def _comment(text: str) -> cst.EmptyLine:
@@ -34,17 +38,31 @@ def recompute_call(plan: Recompute) -> list[cst.BaseStatement]:
     return [call.with_changes(leading_lines=notes)]
 
 
-def gradient_body(lifted: Lifted, names: object = None) -> list[cst.BaseStatement]:
+@dataclass(frozen=True)
+class BackwardBody:
+    """f_backward's statements, and its `needs_input_grad` parameter when sliced."""
+
+    statements: list[cst.BaseStatement]
+    needs: str | None
+
+
+def backward_body(lifted: Lifted) -> BackwardBody:
     """Return f_backward's statements after the context is unpacked."""
     grads = lifted.gradients
     user = _statements(lifted.backward_body)
     prologue = recompute_call(grads.recompute) if grads and grads.recompute else []
+    results = list(lifted.results)
+    needs = NameAllocator(lifted.taken).fresh("needs_input_grad")
+    sliced = slice_closure(user, results, needs)
+    init = cst.parse_statement(f"{' = '.join(results)} = None\n")
     if grads is None or not grads.incoming:
-        return prologue + user
+        if sliced is None:
+            return BackwardBody(prologue + user, None)
+        ret = cst.parse_statement(f"return {', '.join(results)}\n")
+        return BackwardBody([*prologue, init, *sliced, ret], needs)
     diff = lifted.source
-    results = list(grads.results)
-    body = prologue + [cst.parse_statement(f"{' = '.join(results)} = None\n")]
-    closure, bare = _closure_part(lifted, results, user)
+    body = [*prologue, init]
+    closure, bare = (sliced, False) if sliced else _closure_part(lifted, results, user)
     test = " or ".join(f"{g} is not None" for g in diff.grad_params)
     guard = cst.If(cst.parse_expression(test), cst.IndentedBlock(closure))
     body.append(
@@ -66,7 +84,7 @@ def gradient_body(lifted: Lifted, names: object = None) -> list[cst.BaseStatemen
         results[0] if bare else ", ".join(results) + ("," if len(results) == 1 else "")
     )
     body.append(cst.parse_statement(f"return {returned}\n"))
-    return body
+    return BackwardBody(body, needs if sliced else None)
 
 
 def _closure_part(
