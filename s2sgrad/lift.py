@@ -130,7 +130,13 @@ def lift(diff: Differentiator, options: Options) -> Lifted:
     once = any(s.kind == "temporary" and not s.promoted for s in context)
     results = result_names(diff, names)
     return Lifted(
-        diff, context, body, values, frozenset(names.taken), once, diff.statements,
+        diff,
+        context,
+        body,
+        values,
+        frozenset(names.taken),
+        once,
+        diff.statements,
         results=results,
     )
 
@@ -157,7 +163,8 @@ def result_names(diff: Differentiator, names: NameAllocator) -> tuple[str, ...]:
                 if name in assigned.names and name not in chosen:
                     chosen[i] = name
     return tuple(
-        c or names.fresh(f"grad_{p.name}") for c, p in zip(chosen, diff.params, strict=True)
+        c or names.fresh(f"grad_{p.name}")
+        for c, p in zip(chosen, diff.params, strict=True)
     )
 
 

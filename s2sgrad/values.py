@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from s2sgrad.cst import statements
 from s2sgrad.frontend.model import Param
 
 
@@ -399,10 +400,10 @@ class Evaluator:
                 self.bind(node.target, self._iterated(node.iter))
             for _ in range(2):  # reach the fixpoint of a two-level lattice
                 before = dict(self.env)
-                self.run(node.body.body)
+                self.run(statements(node.body))
                 self._merge(before)
             if node.orelse is not None:
-                self.run(node.orelse.body.body)
+                self.run(statements(node.orelse.body))
         elif isinstance(node, cst.FunctionDef):
             self.env[node.name.value] = SCALAR
         elif isinstance(node, cst.ClassDef):
@@ -411,7 +412,7 @@ class Evaluator:
             for item in getattr(node, "items", ()):
                 if item.asname is not None:
                     self.bind(item.asname.name, self.expr(item.item))
-            self.run(node.body.body)
+            self.run(statements(node.body))
 
     def _iterated(self, node: cst.BaseExpression) -> Value:
         value = self.expr(node)
@@ -419,13 +420,13 @@ class Evaluator:
 
     def _branches(self, node: cst.If) -> None:
         before = dict(self.env)
-        self.run(node.body.body)
+        self.run(statements(node.body))
         after_body = self.env
         self.env = dict(before)
         if isinstance(node.orelse, cst.If):
             self._branches(node.orelse)
         elif isinstance(node.orelse, cst.Else):
-            self.run(node.orelse.body.body)
+            self.run(statements(node.orelse.body))
         for name, value in after_body.items():
             self.env[name] = self.env[name].join(value) if name in self.env else value
 

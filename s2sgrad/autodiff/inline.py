@@ -20,6 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad.autodiff.registry import Rule
+from s2sgrad.cst import as_expression, as_statement, statements
 from s2sgrad.names import NameAllocator
 
 _ATOMS = (
@@ -109,7 +110,9 @@ class _Substitute(cst.CSTTransformer):
 def substitute(
     node: cst.CSTNode, mapping: Mapping[str, cst.BaseExpression]
 ) -> cst.CSTNode:
-    return node.visit(_Substitute(mapping))
+    result = node.visit(_Substitute(mapping))
+    assert isinstance(result, cst.CSTNode)
+    return result
 
 
 def names_read(node: cst.CSTNode) -> set[str]:
@@ -188,20 +191,13 @@ class _Fold(cst.CSTTransformer):
         if truth is None:
             return updated_node
         if truth:
-            return cst.FlattenSentinel(_block(updated_node.body))
+            return cst.FlattenSentinel(statements(updated_node.body))
         orelse = updated_node.orelse
         if orelse is None:
             return cst.RemovalSentinel.REMOVE
         if isinstance(orelse, cst.If):
             return orelse
-        return cst.FlattenSentinel(_block(orelse.body))
-
-
-def _block(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
-    if isinstance(suite, cst.IndentedBlock):
-        return list(suite.body)
-    assert isinstance(suite, cst.SimpleStatementSuite)
-    return [cst.SimpleStatementLine(list(suite.body))]
+        return cst.FlattenSentinel(statements(orelse.body))
 
 
 @dataclass(frozen=True)
@@ -234,22 +230,26 @@ def inline(
     folder = _Fold()
     statements: list[cst.BaseStatement] = []
     for statement in body:
-        new = substitute(statement, mapping).visit(_Unelif()).visit(folder)
+        unelif = as_statement(substitute(statement, mapping).visit(_Unelif()))
+        new = unelif.visit(folder)
         if isinstance(new, cst.FlattenSentinel):
-            statements += list(new.nodes)
+            statements += [as_statement(n) for n in new.nodes]
         elif isinstance(new, cst.BaseStatement):
             statements.append(new)
     statements, aliases = _drop_aliases(statements)
     out_entries = tuple(
-        None if e is None else _expression(substitute(substitute(e, mapping).visit(folder), aliases))
+        (
+            None
+            if e is None
+            else as_expression(
+                substitute(as_expression(substitute(e, mapping).visit(folder)), aliases)
+            )
+        )
         for e in entries
     )
-    return Inlined(tuple(_statement(substitute(s, aliases)) for s in statements), out_entries)
-
-
-def _statement(node: cst.CSTNode) -> cst.BaseStatement:
-    assert isinstance(node, cst.BaseStatement)
-    return node
+    return Inlined(
+        tuple(as_statement(substitute(s, aliases)) for s in statements), out_entries
+    )
 
 
 def rule_reads(rule: Rule, wanted: set[int]) -> set[str]:
@@ -279,13 +279,8 @@ def _drop_aliases(
             assert isinstance(target, cst.Name) and isinstance(assign.value, cst.Name)
             aliases[target.value] = aliases.get(assign.value.value, assign.value)
             continue
-        kept.append(substitute(statement, aliases))  # type: ignore[arg-type]
+        kept.append(as_statement(substitute(statement, aliases)))
     return kept, aliases
-
-
-def _expression(node: cst.CSTNode) -> cst.BaseExpression:
-    assert isinstance(node, cst.BaseExpression)
-    return node
 
 
 def _needed_statements(

@@ -18,9 +18,16 @@ import libcst.matchers as m
 
 from s2sgrad.autodiff.program import Assign, Program, Version, bound, build
 from s2sgrad.autodiff.registry import builtin_registry
-from s2sgrad.autodiff.vjp import Sibling, Generator, NoRule, placeholder_version, slice_of
+from s2sgrad.autodiff.vjp import (
+    Generator,
+    NoRule,
+    Sibling,
+    placeholder_version,
+    slice_of,
+)
+from s2sgrad.cst import as_expression, as_statement
 from s2sgrad.frontend.model import METADATA_ATTRIBUTES, METADATA_METHODS, Differentiator
-from s2sgrad.lift import Gradients, Lifted, Recompute, Saved, rebound_names
+from s2sgrad.lift import Gradients, Kind, Lifted, Recompute, Saved, rebound_names
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Options
 
@@ -69,11 +76,11 @@ class _Resolve(cst.CSTTransformer):
         self, values: dict[int, str], metadata: dict[tuple[int, str], str]
     ) -> None:
         self.values = values
-        self.metadata = metadata
+        self.meta_names = metadata
 
     def _meta(self, node: cst.BaseExpression, kind: str) -> str | None:
         version = placeholder_version(node)
-        return None if version is None else self.metadata.get((version, kind))
+        return None if version is None else self.meta_names.get((version, kind))
 
     def leave_Call(
         self, original_node: cst.Call, updated_node: cst.Call
@@ -144,7 +151,9 @@ class Planner:
         self.diff = lifted.source
         self.policy = self.diff.pragmas.get("policy", options.policy)
         self.source = source.splitlines()
-        self.program: Program = build(self.diff, self.diff.statement_lines, self.siblings)
+        self.program: Program = build(
+            self.diff, self.diff.statement_lines, self.siblings
+        )
         self.at_end = self.program.at_end()
         self.by_id = {v.id: v for v in self.program.versions}
         self.backward_locals = _backward_locals(self.diff)
@@ -244,7 +253,7 @@ class Planner:
                 ctx.versions[saved.name] = self.program.final[saved.source].id
         value_names, meta_names = self._resolve(attempt, ctx, names)
         blocks = [
-            _statement(b.visit(_Resolve(value_names, meta_names)))
+            as_statement(b.visit(_Resolve(value_names, meta_names)))
             for b in attempt.blocks
         ]
         entries = [
@@ -356,7 +365,7 @@ class Planner:
             return Saved(
                 name, source, "output", source, True, False, outputs.index(source), 0
             )
-        kind = "temporary" if version.value.diff and tensor else "constant"
+        kind: Kind = "temporary" if version.value.diff and tensor else "constant"
         return Saved(name, source, kind, source, tensor, False, None, 0)
 
     def _meta_entry(
@@ -423,9 +432,19 @@ def _with_snapshots(
     out = lines(-1)
     for index, statement in enumerate(statements):
         for name, node in reversed(hoists.get(id(statement), [])):
-            value = node.with_changes(lpar=[], rpar=[]).visit(replace_hoisted.inner(node))
-            out.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], _expression(value))]))
-        statement = _statement(statement.visit(replace_hoisted))
+            value = node.with_changes(lpar=[], rpar=[]).visit(
+                replace_hoisted.inner(node)
+            )
+            out.append(
+                cst.SimpleStatementLine(
+                    [
+                        cst.Assign(
+                            [cst.AssignTarget(cst.Name(name))], as_expression(value)
+                        )
+                    ]
+                )
+            )
+        statement = as_statement(statement.visit(replace_hoisted))
         out.append(_out_of_place(statement, ctx.aliased, program))
         out += lines(index)
     return out
@@ -446,11 +465,6 @@ class _ReplaceById(cst.CSTTransformer):
         if name is not None and original_node is not self.skip:
             return cst.Name(name)
         return updated_node
-
-
-def _expression(node: cst.CSTNode) -> cst.BaseExpression:
-    assert isinstance(node, cst.BaseExpression)
-    return node
 
 
 def _out_of_place(
@@ -482,11 +496,6 @@ def _assigns(steps: Sequence[object]) -> list[Assign]:
         elif isinstance(step, Branch):
             found += _assigns(step.body) + _assigns(step.orelse)
     return found
-
-
-def _statement(node: cst.CSTNode) -> cst.BaseStatement:
-    assert isinstance(node, cst.BaseStatement)
-    return node
 
 
 def _names_read(node: cst.CSTNode) -> set[str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 
+from s2sgrad.cst import statements
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.values import Evaluator, Value, param_value
 
@@ -106,7 +107,10 @@ class Program:
 
 class _Builder:
     def __init__(
-        self, diff: Differentiator, lines: Mapping[cst.CSTNode, int], siblings: Collection[str]
+        self,
+        diff: Differentiator,
+        lines: Mapping[cst.CSTNode, int],
+        siblings: Collection[str],
     ) -> None:
         self.diff = diff
         self.lines = lines
@@ -163,13 +167,13 @@ class _Builder:
     ) -> Branch:
         before = dict(env)
         body_env = dict(env)
-        body = self.block(_suite(node.body), body_env, top)
+        body = self.block(statements(node.body), body_env, top)
         else_env = dict(env)
         orelse: list[Step] = []
         if isinstance(node.orelse, cst.If):
             orelse = [self.branch(node.orelse, else_env, top, line)]
         elif isinstance(node.orelse, cst.Else):
-            orelse = self.block(_suite(node.orelse.body), else_env, top)
+            orelse = self.block(statements(node.orelse.body), else_env, top)
         merges = []
         for name in sorted(set(body_env) | set(else_env)):
             a, b = body_env.get(name), else_env.get(name)
@@ -234,7 +238,9 @@ class _Builder:
         self, target: cst.BaseExpression, value: cst.BaseExpression
     ) -> tuple[cst.Name, cst.BaseExpression] | None:
         """Match `y, _ = g(...)` where `g` is another differentiator of the module."""
-        if not (isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2):
+        if not (
+            isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2
+        ):
             return None
         first, second = (e.value for e in target.elements)
         call = m.matches(value, m.Call(func=m.Name()))
@@ -260,11 +266,14 @@ class _Builder:
         sibling = self._sibling_result(target, value)
         if sibling is not None:
             result, rest = sibling
-            steps = self.assign(result, first_of(value), statement, before, env, top,
-                                in_branch, line)
+            found = self.assign(
+                result, first_of(value), statement, before, env, top, in_branch, line
+            )
             if isinstance(rest, cst.Name):
-                env[rest.value] = self.new(rest.value, Value(False, False), top, in_branch)
-            return steps
+                env[rest.value] = self.new(
+                    rest.value, Value(False, False), top, in_branch
+                )
+            return found
         if (
             isinstance(target, (cst.Tuple, cst.List))
             and isinstance(value, (cst.Tuple, cst.List))
@@ -286,13 +295,6 @@ class _Builder:
         ]
         env.update({v.name: v for v in created})
         return [Opaque(created, line, "unpacking a value that is not a tuple literal")]
-
-
-def _suite(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
-    if isinstance(suite, cst.IndentedBlock):
-        return list(suite.body)
-    assert isinstance(suite, cst.SimpleStatementSuite)
-    return [cst.SimpleStatementLine(list(suite.body))]
 
 
 def _bound_target(target: cst.BaseExpression) -> set[str]:
@@ -356,7 +358,9 @@ def first_of(call: cst.BaseExpression) -> cst.Subscript:
 
 
 def build(
-    diff: Differentiator, lines: Mapping[cst.CSTNode, int], siblings: Collection[str] = ()
+    diff: Differentiator,
+    lines: Mapping[cst.CSTNode, int],
+    siblings: Collection[str] = (),
 ) -> Program:
     """Build the versioned program of `diff`'s forward statements."""
     builder = _Builder(diff, lines, siblings)
@@ -369,4 +373,6 @@ def build(
     steps = builder.block(diff.statements, env, None)
     for version in env.values():
         version.final = True
-    return Program(steps, builder.versions, params, dict(env), builder.sides, builder.partial)
+    return Program(
+        steps, builder.versions, params, dict(env), builder.sides, builder.partial
+    )

@@ -20,6 +20,7 @@ import libcst.matchers as m
 from s2sgrad.autodiff.inline import inline, parenthesize, rule_reads
 from s2sgrad.autodiff.program import Assign, Branch, Opaque, Program, Step, Version
 from s2sgrad.autodiff.registry import Registry, Rule
+from s2sgrad.cst import as_compound_or_line, as_expression
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.names import NameAllocator
 from s2sgrad.values import Evaluator, Value
@@ -61,7 +62,9 @@ class _Placeholders(cst.CSTTransformer):
     """Replace reads of forward names with placeholders of the versions live there."""
 
     def __init__(
-        self, env: Mapping[str, Version], hoisted: Mapping[cst.CSTNode, Version] | None = None
+        self,
+        env: Mapping[str, Version],
+        hoisted: Mapping[cst.CSTNode, Version] | None = None,
     ) -> None:
         self.env = env
         self.hoisted = hoisted or {}
@@ -223,7 +226,9 @@ class Generator:
         acc = cst.Name(self.accumulator(step.target))
         body: list[cst.BaseStatement] = []
         self.step = step
-        self.expr(step.value, acc, placeholder(step.target), step.before, body, step.line)
+        self.expr(
+            step.value, acc, placeholder(step.target), step.before, body, step.line
+        )
         self.step = None
         if not body:
             return []
@@ -233,7 +238,7 @@ class Generator:
             else ""
         )
         comment = cst.EmptyLine(comment=cst.Comment(f"# line {step.line}: {text}"))
-        first = body[0]
+        first = as_compound_or_line(body[0])
         body[0] = first.with_changes(leading_lines=[comment, *first.leading_lines])
         test = cst.parse_expression(f"{acc.value} is not None")
         return [cst.If(test=test, body=cst.IndentedBlock(body))]
@@ -279,13 +284,15 @@ class Generator:
         for param in sorted(rule_reads(rule, wanted) & set(args)):
             self.hoist(args[param], env, param in rule.metadata_only)
         ph = _Placeholders(env, self.hoisted)
-        converted = {p: _expr(a.visit(ph)) for p, a in args.items()}
+        converted = {p: as_expression(a.visit(ph)) for p, a in args.items()}
         result = inline(rule, converted, grad, out, wanted, self.names)
         body += result.statements
         for i in sorted(wanted):
             entry = result.entries[i]
             assert entry is not None
-            self.operand(args[rule.params[i]], entry, env, body, line, rule.name.rstrip("_"))
+            self.operand(
+                args[rule.params[i]], entry, env, body, line, rule.name.rstrip("_")
+            )
 
     def operand(
         self,
@@ -312,10 +319,16 @@ class Generator:
                 self.expr(element.value, item, element.value, env, body, line)
             return
         hoisted = self.hoisted.get(arg)
-        out = placeholder(hoisted) if hoisted else _expr(arg.visit(_Placeholders(env, self.hoisted)))
+        out = (
+            placeholder(hoisted)
+            if hoisted
+            else as_expression(arg.visit(_Placeholders(env, self.hoisted)))
+        )
         self.expr(arg, name, out, env, body, line)
 
-    def hoist(self, arg: cst.BaseExpression, env: Mapping[str, Version], metadata: bool) -> None:
+    def hoist(
+        self, arg: cst.BaseExpression, env: Mapping[str, Version], metadata: bool
+    ) -> None:
         """Name a sub-expression the VJP reads, where recomputing it in backward costs.
 
         Views are always recomputed (free). Other ops are named in forward when backward
@@ -326,14 +339,23 @@ class Generator:
         step = self.step
         if step is None or step.target.in_branch or arg in self.hoisted:
             return
-        if isinstance(arg, (cst.Name, cst.Integer, cst.Float)) or not self.value(arg, env).diff:
+        if (
+            isinstance(arg, (cst.Name, cst.Integer, cst.Float))
+            or not self.value(arg, env).diff
+        ):
             return
         op = _op_name(arg)
         if op in _VIEWS or not (metadata or op in _EXPENSIVE):
             return
         name = self.names.fresh(f"{step.target.name}_{_op_name(arg)}")
-        version = Version(name, len(self.program.versions) + len(self.extra),
-                          self.value(arg, env), step.target.top, False, final=True)
+        version = Version(
+            name,
+            len(self.program.versions) + len(self.extra),
+            self.value(arg, env),
+            step.target.top,
+            False,
+            final=True,
+        )
         self.extra.append(version)
         self.hoisted[arg] = version
         self.hoists.setdefault(id(step.statement), []).append((name, arg))
@@ -341,7 +363,8 @@ class Generator:
     def _sibling(self, node: cst.BaseExpression) -> Sibling | None:
         """Match `g(...)[0]`, the result of another differentiator of the module."""
         pattern = m.Subscript(
-            value=m.Call(func=m.Name()), slice=[m.SubscriptElement(m.Index(m.Integer("0")))]
+            value=m.Call(func=m.Name()),
+            slice=[m.SubscriptElement(m.Index(m.Integer("0")))],
         )
         if not m.matches(node, pattern):
             return None
@@ -350,26 +373,57 @@ class Generator:
         assert isinstance(func, cst.Name)
         return self.siblings.get(func.value)
 
-    def sibling_vjp(self, node: cst.BaseExpression, sibling: Sibling, grad: cst.BaseExpression,
-                    env: Mapping[str, Version], body: list[cst.BaseStatement], line: int) -> None:
+    def sibling_vjp(
+        self,
+        node: cst.BaseExpression,
+        sibling: Sibling,
+        grad: cst.BaseExpression,
+        env: Mapping[str, Version],
+        body: list[cst.BaseStatement],
+        line: int,
+    ) -> None:
         """Use a sibling's own lifted pair as the rule: recompute its context, run its
-        backward (differentiable, so this is right at every order), route the gradients."""
+        backward (differentiable, so this is right at every order), route the gradients.
+        """
         assert isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call)
         call = node.value
         ph = _Placeholders(env, self.hoisted)
-        converted = _expr(call.with_changes(func=cst.Name(sibling.forward)).visit(ph))
+        converted = as_expression(
+            call.with_changes(func=cst.Name(sibling.forward)).visit(ph)
+        )
         ctx = cst.Name(self.names.fresh(f"{sibling.name}_ctx"))
         grads = cst.Name(self.names.fresh(f"grad_{sibling.name}"))
-        body.append(_line(ctx, cst.Subscript(converted, [cst.SubscriptElement(cst.Index(cst.Integer("1")))])))
-        body.append(_line(grads, cst.Call(cst.Name(sibling.backward), [cst.Arg(ctx), cst.Arg(grad)])))
+        body.append(
+            _line(
+                ctx,
+                cst.Subscript(
+                    converted, [cst.SubscriptElement(cst.Index(cst.Integer("1")))]
+                ),
+            )
+        )
+        body.append(
+            _line(
+                grads,
+                cst.Call(cst.Name(sibling.backward), [cst.Arg(ctx), cst.Arg(grad)]),
+            )
+        )
         for i, arg in enumerate(call.args):
             if arg.star:
-                raise NoRule(line, f"`*` arguments to `{sibling.name}` cannot be routed")
-            index = i if arg.keyword is None else sibling.params.index(arg.keyword.value)
+                raise NoRule(
+                    line, f"`*` arguments to `{sibling.name}` cannot be routed"
+                )
+            index = (
+                i if arg.keyword is None else sibling.params.index(arg.keyword.value)
+            )
             if not self.value(arg.value, env).diff:
                 continue
-            entry: cst.BaseExpression = grads if sibling.bare else cst.Subscript(
-                grads, [cst.SubscriptElement(cst.Index(cst.Integer(str(index))))])
+            entry: cst.BaseExpression = (
+                grads
+                if sibling.bare
+                else cst.Subscript(
+                    grads, [cst.SubscriptElement(cst.Index(cst.Integer(str(index))))]
+                )
+            )
             self.operand(arg.value, entry, env, body, line, sibling.name)
 
     def match(
@@ -428,15 +482,44 @@ class Generator:
 
 
 _VIEWS = {
-    "transpose", "t", "permute", "reshape", "view", "unsqueeze", "squeeze", "expand",
-    "expand_as", "broadcast_to", "flatten", "narrow", "contiguous", "detach", "neg",
-    "value", "to", "type_as", "clone",
+    "transpose",
+    "t",
+    "permute",
+    "reshape",
+    "view",
+    "unsqueeze",
+    "squeeze",
+    "expand",
+    "expand_as",
+    "broadcast_to",
+    "flatten",
+    "narrow",
+    "contiguous",
+    "detach",
+    "neg",
+    "value",
+    "to",
+    "type_as",
+    "clone",
 }
-_EXPENSIVE = {"matmul", "mm", "bmm", "einsum", "softmax", "log_softmax", "conv1d", "conv2d"}
+_EXPENSIVE = {
+    "matmul",
+    "mm",
+    "bmm",
+    "einsum",
+    "softmax",
+    "log_softmax",
+    "conv1d",
+    "conv2d",
+}
 
 _OP_NAMES: dict[type[cst.BaseBinaryOp], str] = {
-    cst.Add: "sum", cst.Subtract: "diff", cst.Multiply: "prod", cst.Divide: "ratio",
-    cst.Power: "pow", cst.MatrixMultiply: "matmul",
+    cst.Add: "sum",
+    cst.Subtract: "diff",
+    cst.Multiply: "prod",
+    cst.Divide: "ratio",
+    cst.Power: "pow",
+    cst.MatrixMultiply: "matmul",
 }
 
 
@@ -457,11 +540,6 @@ def _op_name(node: cst.BaseExpression) -> str:
 
 def _line(target: cst.Name, value: cst.BaseExpression) -> cst.SimpleStatementLine:
     return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(target)], value)])
-
-
-def _expr(node: cst.CSTNode) -> cst.BaseExpression:
-    assert isinstance(node, cst.BaseExpression)
-    return node
 
 
 def _index(node: cst.Subscript) -> cst.BaseExpression:

@@ -14,13 +14,14 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad.codegen.emit import emit
-from s2sgrad.names import Names
 from s2sgrad.codegen.fmt import format_code
 from s2sgrad.codegen.guard import check_generated
 from s2sgrad.codegen.imports import import_block
+from s2sgrad.cst import module
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, ParsedModule
 from s2sgrad.lift import Lifted
+from s2sgrad.names import Names
 from s2sgrad.options import Options
 
 #: Bumped only when the generated text changes for the same input.
@@ -89,7 +90,7 @@ def generate(
         body.append(cst.parse_statement(_ACCUMULATE))
     for item in lifted:
         body += emit(item, origin.display_path, siblings)
-    code = cst.Module(body=body).code
+    code = module(body).code
     text = "\n".join(header) + "\n" + doc + "\n\n" + "\n".join(imports) + "\n" + code
     formatted = format_code(text, options.line_length)
     check_generated(formatted, options.line_length)

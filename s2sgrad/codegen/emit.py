@@ -10,12 +10,12 @@ saves; every saved tensor that is not promoted is marked non-differentiable.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 
 import libcst as cst
 
 from s2sgrad.codegen import docs
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
+from s2sgrad.cst import as_statement
 from s2sgrad.lift import Lifted, Recompute, Saved
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import param_value
@@ -64,14 +64,9 @@ def _targets(items: list[str]) -> str:
     return f"({items[0]},)" if len(items) == 1 else ", ".join(items)
 
 
-def _suite_statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
-    if isinstance(suite, cst.IndentedBlock):
-        return list(suite.body)
-    assert isinstance(suite, cst.SimpleStatementSuite)
-    return [cst.SimpleStatementLine(list(suite.body))]
-
-
-def emit(lifted: Lifted, path: str, siblings: Collection[str] = ()) -> list[cst.BaseStatement]:
+def emit(
+    lifted: Lifted, path: str, siblings: Collection[str] = ()
+) -> list[cst.BaseStatement]:
     """Emit the definitions of one differentiator.
 
     Calls to other differentiators of the module (`y, _ = g(x)`) become calls to their
@@ -88,7 +83,7 @@ def emit(lifted: Lifted, path: str, siblings: Collection[str] = ()) -> list[cst.
     ]
     rename = _SiblingCalls({s: Names.of(s).forward for s in siblings})
     return [
-        *(_statement(d.visit(rename)) for d in definitions),
+        *(as_statement(d.visit(rename)) for d in definitions),
         function_class(lifted, names, body.needs),
         op_def(lifted, names),
     ]
@@ -107,14 +102,8 @@ class _SiblingCalls(cst.CSTTransformer):
         return updated_node
 
 
-def _statement(node: cst.CSTNode) -> cst.BaseStatement:
-    assert isinstance(node, cst.BaseStatement)
-    return node
-
-
 def recompute_def(lifted: Lifted, plan: Recompute, path: str) -> cst.FunctionDef:
     """Emit the function backward calls to recompute temporaries without a VJP."""
-    diff = lifted.source
     returned = ", ".join(plan.returns)
     ret = cst.parse_statement(f"return {returned}\n")
     doc = docs.recompute_doc(lifted, plan, path)
@@ -157,7 +146,9 @@ def backward_def(
     params = diff.backward.params.with_changes(
         params=[cst.Param(cst.Name(ctx)), *diff.backward.params.params],
         star_arg=cst.ParamStar() if keywords else cst.MaybeSentinel.DEFAULT,
-        kwonly_params=[cst.Param(cst.Name(k), default=cst.Name("None")) for k in keywords],
+        kwonly_params=[
+            cst.Param(cst.Name(k), default=cst.Name("None")) for k in keywords
+        ],
     )
     return cst.FunctionDef(
         name=cst.Name(names.backward),
@@ -339,7 +330,9 @@ class _FunctionWriter:
     def _return(self, call: str, nones: str) -> list[str]:
         """Return gradients, with None for inputs that cannot take one."""
         diff = self.lifted.source
-        kinds = [param_value(p).tensor if p.gets_gradient else True for p in diff.params]
+        kinds = [
+            param_value(p).tensor if p.gets_gradient else True for p in diff.params
+        ]
         fixed = [i for i, tensor in enumerate(kinds) if tensor is False]
         maybe = [i for i, tensor in enumerate(kinds) if tensor is None]
         bare_none = diff.returns_bare_none and len(self.params) > 1
@@ -353,9 +346,15 @@ class _FunctionWriter:
             # A number where a tensor may be passed takes no gradient: autograd wants
             # None there, and needs_input_grad says which it was.
             items = [
-                "None" if i in fixed
-                else f"{grads}[{i}] if {self.ctx}.needs_input_grad[{i}] else None" if i in maybe
-                else f"{grads}[{i}]"
+                (
+                    "None"
+                    if i in fixed
+                    else (
+                        f"{grads}[{i}] if {self.ctx}.needs_input_grad[{i}] else None"
+                        if i in maybe
+                        else f"{grads}[{i}]"
+                    )
+                )
                 for i in range(len(self.params))
             ]
             lines.append(f"    return {', '.join(items)}")
@@ -364,7 +363,9 @@ class _FunctionWriter:
         return lines
 
 
-def function_class(lifted: Lifted, names: Names, needs: str | None) -> cst.BaseStatement:
+def function_class(
+    lifted: Lifted, names: Names, needs: str | None
+) -> cst.BaseStatement:
     text = _FunctionWriter(lifted, names, needs).write()
     statement = cst.parse_module(text).body[0]
     return statement.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import black
+from black.mode import Mode, TargetVersion
 
-_TARGETS = {black.TargetVersion.PY310}
+_TARGETS = {TargetVersion.PY310}
 
 
-def mode(line_length: int) -> black.Mode:
+def mode(line_length: int) -> Mode:
     """Return the exact black mode generated code is formatted with."""
-    return black.Mode(
+    return Mode(
         target_versions=_TARGETS,
         line_length=line_length,
         string_normalization=True,

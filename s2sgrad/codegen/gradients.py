@@ -15,19 +15,13 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad.codegen.slicing import slice_closure
+from s2sgrad.cst import as_compound_or_line, module, statements
 from s2sgrad.lift import Lifted, Recompute
 from s2sgrad.names import NameAllocator
 
 
 def _comment(text: str) -> cst.EmptyLine:
     return cst.EmptyLine(comment=cst.Comment(f"# {text}"))
-
-
-def _statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
-    if isinstance(suite, cst.IndentedBlock):
-        return list(suite.body)
-    assert isinstance(suite, cst.SimpleStatementSuite)
-    return [cst.SimpleStatementLine(list(suite.body))]
 
 
 def recompute_call(plan: Recompute) -> list[cst.BaseStatement]:
@@ -49,7 +43,7 @@ class BackwardBody:
 def backward_body(lifted: Lifted) -> BackwardBody:
     """Return f_backward's statements after the context is unpacked."""
     grads = lifted.gradients
-    user = _statements(lifted.backward_body)
+    user = statements(lifted.backward_body)
     prologue = recompute_call(grads.recompute) if grads and grads.recompute else []
     results = list(lifted.results)
     needs = NameAllocator(lifted.taken).fresh("needs_input_grad")
@@ -76,7 +70,7 @@ def backward_body(lifted: Lifted) -> BackwardBody:
         body.append(cst.parse_statement(f"{' = '.join(grads.inits)} = None\n"))
     blocks = list(grads.blocks)
     if blocks:
-        first = blocks[0]
+        first = as_compound_or_line(blocks[0])
         note = _comment("Gradients of the promoted temporaries, back to the inputs.")
         blocks[0] = first.with_changes(leading_lines=[note, *first.leading_lines])
     body += blocks
@@ -91,7 +85,7 @@ def _closure_part(
     lifted: Lifted, results: list[str], user: list[cst.BaseStatement]
 ) -> tuple[list[cst.BaseStatement], bool]:
     """Turn the closure's final return into assignments to the gradient variables."""
-    returns = m.findall(cst.Module(body=user), m.Return())
+    returns = m.findall(module(user), m.Return())
     final = user[-1] if user else None
     if (
         len(returns) == 1
@@ -126,7 +120,9 @@ def _assign(results: list[str], value: cst.BaseExpression | None) -> cst.Assign 
             return None
         if len(pairs) == 1:
             return cst.Assign([cst.AssignTarget(cst.Name(pairs[0][0]))], pairs[0][1])
-        target = cst.Tuple([cst.Element(cst.Name(r)) for r, _ in pairs], lpar=[], rpar=[])
+        target = cst.Tuple(
+            [cst.Element(cst.Name(r)) for r, _ in pairs], lpar=[], rpar=[]
+        )
         values = cst.Tuple([cst.Element(v) for _, v in pairs], lpar=[], rpar=[])
         return cst.Assign([cst.AssignTarget(target)], values)
     if len(results) == 1:

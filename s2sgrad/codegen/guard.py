@@ -29,13 +29,17 @@ def check_generated(text: str, line_length: int) -> None:
         raise GeneratedCodeError("generated code is not stable under black")
     undefined = sorted(_undefined_names(text))
     if undefined:
-        raise GeneratedCodeError(f"generated code reads undefined names: {', '.join(undefined)}")
+        raise GeneratedCodeError(
+            f"generated code reads undefined names: {', '.join(undefined)}"
+        )
 
 
 def _undefined_names(text: str) -> set[str]:
     """Names read as globals that the module neither binds nor gets from builtins."""
     module = symtable.symtable(text, "<generated>", "exec")
-    bound = {s.get_name() for s in module.get_symbols() if s.is_assigned() or s.is_imported()}
+    bound = {
+        s.get_name() for s in module.get_symbols() if s.is_assigned() or s.is_imported()
+    }
     missing: set[str] = set()
     tables = [module]
     while tables:

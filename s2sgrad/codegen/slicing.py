@@ -17,7 +17,9 @@ import libcst.matchers as m
 
 from s2sgrad.autodiff.inline import bound_names, names_read
 
-_SIMPLE = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())]) | m.AnnAssign(target=m.Name())])
+_SIMPLE = m.SimpleStatementLine(
+    body=[m.Assign(targets=[m.AssignTarget(m.Name())]) | m.AnnAssign(target=m.Name())]
+)
 
 
 def slice_closure(
@@ -53,7 +55,11 @@ def slice_closure(
     for i in live:
         own = [s for k, s in enumerate(body) if owners[k] == {i}]
         if not m.matches(entries[i], m.Name(results[i])):
-            own.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(results[i]))], entries[i])]))
+            own.append(
+                cst.SimpleStatementLine(
+                    [cst.Assign([cst.AssignTarget(cst.Name(results[i]))], entries[i])]
+                )
+            )
         if own:
             test = cst.parse_expression(f"{needs} is None or {needs}[{i}]")
             out.append(cst.If(test, cst.IndentedBlock(own)))
