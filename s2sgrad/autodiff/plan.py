@@ -165,8 +165,11 @@ class Planner:
             return self.lifted
         names = NameAllocator(self.lifted.taken)
         results = list(self.lifted.results)
-        promote: list[Saved] = []
+        attempt = self._all_at_once(temps, names, results)
+        if attempt is not None:
+            return self._assemble(attempt, [], results, names)
         recompute: list[tuple[Saved, str]] = []
+        promote: list[Saved] = []
         for temp in temps:
             reason = self._why_not(temp, names, results)
             if reason is None:
@@ -174,7 +177,22 @@ class Planner:
             else:
                 recompute.append((temp, reason))
         attempt = self._attempt(promote, names, results)
-        return self._assemble(attempt, promote, recompute, results, names)
+        return self._assemble(attempt, recompute, results, names)
+
+    def _all_at_once(
+        self, temps: list[Saved], names: NameAllocator, results: list[str]
+    ) -> _Attempt | None:
+        """Differentiate every temporary in one pass: the common case, and the fast one."""
+        if self.policy == "recompute" or not all(t.tensor for t in temps):
+            return None
+        trial = names.child()
+        try:
+            attempt = self._attempt(temps, trial, results)
+            self._check_reads(attempt)
+        except NoRule:
+            return None
+        names.taken = trial.taken
+        return attempt
 
     def _why_not(
         self, temp: Saved, names: NameAllocator, results: list[str]
@@ -241,7 +259,6 @@ class Planner:
     def _assemble(
         self,
         attempt: _Attempt,
-        promote: list[Saved],
         recompute: list[tuple[Saved, str]],
         results: list[str],
         names: NameAllocator,

@@ -91,6 +91,13 @@ class Program:
     sides: dict[int, list[Version]] = field(default_factory=dict)
     #: Merge versions of names that some path through the branch leaves unbound.
     partial: set[int] = field(default_factory=set)
+    #: How many versions reverse mode has added (ids after the program's own).
+    added: int = 0
+
+    def fresh_id(self) -> int:
+        """Return an id no version has, for versions reverse mode adds (hoisting)."""
+        self.added += 1
+        return len(self.versions) + self.added - 1
 
     def at_end(self) -> set[int]:
         """Versions a backward block can read by name: the name holds them when forward

@@ -350,7 +350,7 @@ class Generator:
         name = self.names.fresh(f"{step.target.name}_{_op_name(arg)}")
         version = Version(
             name,
-            len(self.program.versions) + len(self.extra),
+            self.program.fresh_id(),
             self.value(arg, env),
             step.target.top,
             False,
