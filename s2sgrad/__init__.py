@@ -1,7 +1,8 @@
 """s2sgrad: a source-to-source differentiator for closure-style PyTorch gradient rules.
 
 The in-process API: `transform` maps source text to the text of the generated module,
-exactly as `s2sgrad convert` writes it.
+exactly as `s2sgrad convert` writes it; `install_import_hook` and `load` serve that
+module at import time (see docs/hook.md).
 """
 
 from __future__ import annotations
@@ -10,12 +11,28 @@ from typing import Any
 
 from s2sgrad.codegen import Origin
 from s2sgrad.diagnostics import Diagnostic, TransformError
+from s2sgrad.hook import (
+    StaleGeneratedCodeWarning,
+    TransformImportError,
+    install_import_hook,
+    load,
+)
 from s2sgrad.options import Options
 from s2sgrad.pipeline import convert
 
 __version__ = "0.1.0"
 
-__all__ = ["Diagnostic", "Options", "TransformError", "__version__", "transform"]
+__all__ = [
+    "Diagnostic",
+    "Options",
+    "StaleGeneratedCodeWarning",
+    "TransformError",
+    "TransformImportError",
+    "__version__",
+    "install_import_hook",
+    "load",
+    "transform",
+]
 
 
 def transform(
