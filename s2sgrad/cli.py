@@ -1,4 +1,5 @@
-"""The command line: `s2sgrad convert PATH... [-o DIR] [--stdout]`.
+"""The command line: `s2sgrad convert PATH... [-o DIR] [--check] [--diff] [--stdout]`,
+`s2sgrad review PATH... [--html FILE]`.
 
 This edge reads files, walks directories and writes outputs; the engine
 (`s2sgrad.pipeline`) only maps text to text. Each file's outcome is a value; the
@@ -11,20 +12,28 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from s2sgrad.codegen import Origin
+from s2sgrad.config import Config, ConfigError, load_config
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import decode_source
 from s2sgrad.options import Options
 from s2sgrad.pipeline import convert, has_differentiators
+from s2sgrad.review.check import status, unified_diff
+from s2sgrad.review.model import ReviewRecord, review
+from s2sgrad.review.page import render_html
+from s2sgrad.review.text import render_text
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 123
+T = TypeVar("T")
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "venv", "node_modules", "build", "dist"}
 
 
@@ -39,6 +48,12 @@ class Converted:
 class Failed:
     source: Path
     diagnostics: tuple[Diagnostic, ...]
+
+
+@dataclass(frozen=True)
+class Reviewed:
+    source: Path
+    records: tuple[ReviewRecord, ...]
 
 
 Outcome = Converted | Failed
@@ -99,13 +114,7 @@ def convert_file(
     """Convert one file; None when a file found in a directory has no differentiators."""
     shown = display_path(source)
     try:
-        data = source.read_bytes()
-    except OSError as exc:
-        return Failed(
-            source, (Diagnostic("S2S004", f"cannot read: {exc.strerror}", shown, 1, 1),)
-        )
-    try:
-        text = decode_source(data, shown)
+        text = read_source(source, shown)
         if not explicit and not has_differentiators(text, shown):
             return None
         return Converted(
@@ -113,6 +122,33 @@ def convert_file(
         )
     except TransformError as exc:
         return Failed(source, exc.diagnostics)
+
+
+def review_file(
+    source: Path, output: Path, options: Options, explicit: bool
+) -> Reviewed | Failed | None:
+    """Review one file; None when a file found in a directory has no differentiators."""
+    shown = display_path(source)
+    try:
+        text = read_source(source, shown)
+        if not explicit and not has_differentiators(text, shown):
+            return None
+        origin = Origin(shown, module_name(source))
+        records = review(text, origin, options, display_path(output))
+        return Reviewed(source, tuple(records))
+    except TransformError as exc:
+        return Failed(source, exc.diagnostics)
+
+
+def read_source(source: Path, shown: str) -> str:
+    """Return the text of `source`; raise `TransformError` when it cannot be read."""
+    try:
+        data = source.read_bytes()
+    except OSError as exc:
+        raise TransformError(
+            [Diagnostic("S2S004", f"cannot read: {exc.strerror}", shown, 1, 1)]
+        ) from None
+    return decode_source(data, shown)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -129,29 +165,47 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
+    try:  # exactly as on disk: CRLF line endings make an output stale
+        return path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
 
 
-def run_convert(args: argparse.Namespace) -> int:
-    options = Options(policy=args.policy)
-    out_dir = Path(args.output) if args.output else None
+def settings(args: argparse.Namespace) -> Config | None:
+    """Return `[tool.s2sgrad]` with the flags applied; None after printing an error."""
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
         print(
             f"s2sgrad: error: no such file or directory: {missing[0]}", file=sys.stderr
         )
-        return EXIT_ERROR
-    outcomes: list[Outcome] = []
+        return None
+    try:
+        config = load_config([Path(p) for p in args.paths])
+    except ConfigError as exc:
+        print(f"s2sgrad: error: {exc}", file=sys.stderr)
+        return None
+    output = getattr(args, "output", None)
+    return config.override(
+        policy=args.policy,
+        line_length=args.line_length,
+        suffix=args.suffix,
+        output_dir=Path(output) if output else None,
+    )
+
+
+def collect(
+    args: argparse.Namespace,
+    config: Config,
+    handle: Callable[[Path, Path, Options, bool], T | Failed | None],
+) -> list[T] | None:
+    """Run `handle` on every selected file; None after printing the failures."""
+    options = config.options()
+    outcomes: list[T | Failed] = []
     for source, base in discover([Path(p) for p in args.paths], options):
-        outcome = convert_file(
-            source,
-            output_path(source, base, out_dir, options),
-            options,
-            explicit=base is None,
-        )
+        if base is not None and not config.selects(source):
+            continue
+        output = output_path(source, base, config.output_dir, options)
+        outcome = handle(source, output, options, base is None)
         if outcome is not None:
             outcomes.append(outcome)
     failed = [o for o in outcomes if isinstance(o, Failed)]
@@ -162,14 +216,29 @@ def run_convert(args: argparse.Namespace) -> int:
         print(
             f"s2sgrad: {len(failed)} file(s) failed; nothing written", file=sys.stderr
         )
-        return EXIT_ERROR
-    done = [o for o in outcomes if isinstance(o, Converted)]
-    if not done:
+        return None
+    if not outcomes:
         print("s2sgrad: no differentiators found", file=sys.stderr)
+        return None
+    return [o for o in outcomes if not isinstance(o, Failed)]
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    if args.stdout and (args.check or args.diff):
+        print(
+            "s2sgrad: error: --stdout cannot be combined with --check or --diff",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    config = settings(args)
+    done = None if config is None else collect(args, config, convert_file)
+    if done is None:
         return EXIT_ERROR
     if args.stdout:
         sys.stdout.write("".join(o.text for o in done))
         return EXIT_OK
+    if args.check or args.diff:
+        return report_changes(done, show_diff=args.diff)
     for outcome in done:
         if _read_text(outcome.output) == outcome.text:
             print(f"unchanged {display_path(outcome.output)}", file=sys.stderr)
@@ -179,13 +248,86 @@ def run_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def report_changes(done: Sequence[Converted], show_diff: bool) -> int:
+    """List each stale or missing output (and its diff); write nothing."""
+    changed = 0
+    for outcome in done:
+        on_disk = _read_text(outcome.output)
+        state = status(on_disk, outcome.text)
+        if state == "unchanged":
+            continue
+        changed += 1
+        shown = display_path(outcome.output)
+        if show_diff:
+            sys.stdout.write(unified_diff(on_disk, outcome.text, shown))
+        verb = "create" if state == "missing" else "update"
+        print(f"would {verb} {shown} ({state})", file=sys.stderr)
+    if changed:
+        print(
+            f"s2sgrad: {changed} of {len(done)} output(s) would change; "
+            "run `s2sgrad convert` to update them",
+            file=sys.stderr,
+        )
+        return EXIT_CHANGED
+    print(f"s2sgrad: {len(done)} output(s) up to date", file=sys.stderr)
+    return EXIT_OK
+
+
+def run_review(args: argparse.Namespace) -> int:
+    config = settings(args)
+    reviewed = None if config is None else collect(args, config, review_file)
+    if reviewed is None:
+        return EXIT_ERROR
+    records = [record for outcome in reviewed for record in outcome.records]
+    if args.html:
+        title = ", ".join(display_path(o.source) for o in reviewed)
+        write_atomic(Path(args.html), render_html(records, title))
+        print(f"wrote {display_path(Path(args.html))}", file=sys.stderr)
+        return EXIT_OK
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    width = shutil.get_terminal_size().columns
+    sys.stdout.write(render_text(records, width, color))
+    return EXIT_OK
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def _engine_flags() -> argparse.ArgumentParser:
+    """Flags that change the generated code; they override `[tool.s2sgrad]`."""
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument(
+        "--policy",
+        choices=["promote", "recompute", "first-order"],
+        help="how backward gets the gradients of captured temporaries: promote them "
+        "(generated VJP, the default), recompute them in backward, or save them and "
+        "make backward once_differentiable",
+    )
+    flags.add_argument(
+        "--line-length",
+        type=_positive,
+        metavar="N",
+        help="line length of the generated code (default 88)",
+    )
+    flags.add_argument(
+        "--suffix", help="output module suffix: X.py -> X<SUFFIX>.py (default _grad)"
+    )
+    return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="s2sgrad",
         description="Turn closure-style PyTorch gradient rules into autograd Functions.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    convert_cmd = commands.add_parser("convert", help="generate X_grad.py from X.py")
+    flags = _engine_flags()
+    convert_cmd = commands.add_parser(
+        "convert", help="generate X_grad.py from X.py", parents=[flags]
+    )
     convert_cmd.add_argument(
         "paths", nargs="+", metavar="PATH", help="files or directories"
     )
@@ -196,14 +338,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--stdout", action="store_true", help="print instead of writing"
     )
     convert_cmd.add_argument(
-        "--policy",
-        choices=["promote", "recompute", "first-order"],
-        default="promote",
-        help="how backward gets the gradients of captured temporaries: promote them "
-        "(generated VJP, the default), recompute them in backward, or save them and "
-        "make backward once_differentiable",
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 listing each stale or missing output",
+    )
+    convert_cmd.add_argument(
+        "--diff",
+        action="store_true",
+        help="write nothing; print a unified diff of what would change, exit 1 if any",
     )
     convert_cmd.set_defaults(run=run_convert)
+    review_cmd = commands.add_parser(
+        "review",
+        help="show each differentiator beside its generated code, with its captures",
+        parents=[flags],
+    )
+    review_cmd.add_argument(
+        "paths", nargs="+", metavar="PATH", help="files or directories"
+    )
+    review_cmd.add_argument(
+        "--html", metavar="FILE", help="write a self-contained HTML page to FILE"
+    )
+    review_cmd.set_defaults(run=run_review)
+    from s2sgrad.hook import run_command  # the hook imports this module's path helpers
+
+    run_cmd = commands.add_parser(
+        "run",
+        help="run script.py or -m module with the import hook installed",
+        prefix_chars="+",  # so that `-m` and every later argument reach the program
+        add_help=False,
+    )
+    run_cmd.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="script.py | -m module [args]"
+    )
+    run_cmd.set_defaults(run=run_command)
     return parser
 
 

@@ -9,13 +9,24 @@ from __future__ import annotations
 from s2sgrad.autodiff.plan import differentiate, sibling_of
 from s2sgrad.codegen import Origin, generate
 from s2sgrad.diagnostics import Diagnostic, TransformError
-from s2sgrad.frontend import parse
-from s2sgrad.lift import lift
+from s2sgrad.frontend import ParsedModule, parse
+from s2sgrad.lift import Lifted, lift
 from s2sgrad.options import Options
 
 
 def convert(source: str, origin: Origin, options: Options) -> str:
     """Return the generated module for `source`, or raise `TransformError`."""
+    parsed, lifted = analyse(source, origin, options)
+    return generate(parsed, lifted, options, origin)
+
+
+def analyse(
+    source: str, origin: Origin, options: Options
+) -> tuple[ParsedModule, list[Lifted]]:
+    """Parse, lift and differentiate `source`: the records `generate` takes.
+
+    `s2sgrad review` shows these records beside the text generated from them.
+    """
     parsed = parse(source, origin.display_path)
     if not parsed.differentiators:
         raise TransformError(
@@ -37,7 +48,7 @@ def convert(source: str, origin: Origin, options: Options) -> str:
         differentiate(lift(d, options), options, source, siblings)
         for d in parsed.differentiators
     ]
-    return generate(parsed, lifted, options, origin)
+    return parsed, lifted
 
 
 def has_differentiators(source: str, path: str) -> bool:

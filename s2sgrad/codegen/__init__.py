@@ -17,6 +17,7 @@ from s2sgrad.codegen.emit import emit
 from s2sgrad.codegen.fmt import format_code
 from s2sgrad.codegen.guard import check_generated
 from s2sgrad.codegen.imports import import_block
+from s2sgrad.autodiff.inline import names_read
 from s2sgrad.cst import module
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, ParsedModule
@@ -59,6 +60,8 @@ def generate(
     extra = []
     if any(item.once_differentiable for item in lifted):
         extra.append("from torch.autograd.function import once_differentiable")
+    if "math" not in used and any(_rules_read_math(item) for item in lifted):
+        extra.append("import math")
     try:
         imports = import_block(used, parsed.globals, origin.module_name, extra)
     except ValueError:
@@ -95,6 +98,12 @@ def generate(
     formatted = format_code(text, options.line_length)
     check_generated(formatted, options.line_length)
     return formatted
+
+
+def _rules_read_math(item: Lifted) -> bool:
+    """Tell whether inlined derivative rules use `math` (rules may read torch and math)."""
+    blocks = item.gradients.blocks if item.gradients else ()
+    return any("math" in names_read(block) for block in blocks)
 
 
 def _only_called(diff: Differentiator, name: str) -> bool:

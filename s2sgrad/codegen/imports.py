@@ -37,8 +37,8 @@ def import_block(
     extra: Iterable[str] = (),
 ) -> list[str]:
     """Return the generated module's import lines, deterministic and deduplicated."""
-    plain = {"import torch"}
-    froms: set[str] = set(extra)
+    plain = {"import torch", *(e for e in extra if e.startswith("import "))}
+    froms = {e for e in extra if not e.startswith("import ")}
     local: list[str] = []
     future = False
     for name in sorted(set(used)):

@@ -1,0 +1,211 @@
+"""`s2sgrad convert --check/--diff`, run in subprocesses: every exit code, nothing written."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from s2sgrad import transform
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SQUARE = """import torch
+
+
+def square(x):
+    def backward(grad):
+        return 2.0 * grad * x
+    return x * x, backward
+"""
+
+CUBE = """import torch
+
+
+def cube(x):
+    def backward(grad):
+        return 3.0 * grad * x * x
+    return x * x * x, backward
+"""
+
+BAD = """def f(x):
+    def backward(grad):
+        return grad
+    return x, backward, 1
+"""
+
+
+def s2sgrad(*args, cwd, prelude=""):
+    """Run the CLI as a user would; `prelude` runs first (to fake an internal error)."""
+    code = f"import sys\n{prelude}\nfrom s2sgrad.cli import main\nsys.exit(main())"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+@pytest.fixture(scope="module")
+def square_grad():
+    """What `s2sgrad convert pkg/square.py` writes (the same engine, in process)."""
+    return transform(SQUARE, "pkg/square.py", module_name="square")
+
+
+@pytest.fixture
+def project(tmp_path, square_grad):
+    """A project root with `pkg/square.py` up to date."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "square.py").write_text(SQUARE)
+    (pkg / "square_grad.py").write_text(square_grad)
+    return tmp_path
+
+
+def snapshot(root):
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_check_up_to_date_file_exits_0(project):
+    before = snapshot(project)
+    run = s2sgrad("convert", "--check", "pkg/square.py", cwd=project)
+    assert run.returncode == 0, run.stderr
+    assert "1 output(s) up to date" in run.stderr
+    assert run.stdout == ""
+    assert snapshot(project) == before
+
+
+def test_check_lists_stale_and_missing_outputs_of_a_directory_and_exits_1(project):
+    (project / "pkg" / "cube.py").write_text(CUBE)
+    stale = project / "pkg" / "square_grad.py"
+    stale.write_text(stale.read_text().replace("2.0 * grad", "2.5 * grad"))
+    before = snapshot(project)
+    run = s2sgrad("convert", "--check", "pkg", cwd=project)
+    assert run.returncode == 1, run.stderr
+    assert "would create pkg/cube_grad.py (missing)" in run.stderr
+    assert "would update pkg/square_grad.py (stale)" in run.stderr
+    assert "2 of 2 output(s) would change" in run.stderr
+    assert run.stdout == ""
+    assert snapshot(project) == before
+
+
+def test_check_counts_crlf_line_endings_as_stale(project):
+    output = project / "pkg" / "square_grad.py"
+    output.write_bytes(output.read_bytes().replace(b"\n", b"\r\n"))
+    run = s2sgrad("convert", "--check", "pkg/square.py", cwd=project)
+    assert run.returncode == 1
+    assert "would update pkg/square_grad.py (stale)" in run.stderr
+
+
+def test_diff_of_an_up_to_date_directory_is_empty_and_exits_0(project):
+    run = s2sgrad("convert", "--diff", "pkg", cwd=project)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == ""
+
+
+def test_diff_of_a_stale_output_labels_it_without_timestamps_and_exits_1(project):
+    output = project / "pkg" / "square_grad.py"
+    fresh = output.read_text()
+    output.write_text(fresh.replace("2.0 * grad", "2.5 * grad"))
+    before = snapshot(project)
+    run = s2sgrad("convert", "--diff", "pkg/square.py", cwd=project)
+    assert run.returncode == 1, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[:2] == ["--- pkg/square_grad.py", "+++ pkg/square_grad.py"]
+    assert any(line.startswith("-") and "2.5 * grad" in line for line in lines)
+    assert any(line.startswith("+") and "2.0 * grad" in line for line in lines)
+    assert snapshot(project) == before
+    # The diff is a real patch: applying it gives the generated text.
+    patch = subprocess.run(
+        ["patch", "-p0", "--dry-run"],
+        input=run.stdout,
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    assert patch.returncode == 0, patch.stdout + patch.stderr
+
+
+def test_diff_of_a_missing_output_adds_every_line(project):
+    (project / "pkg" / "cube.py").write_text(CUBE)
+    run = s2sgrad("convert", "--diff", "pkg/cube.py", "-o", "out", cwd=project)
+    assert run.returncode == 1
+    assert run.stdout.startswith(
+        "--- out/cube_grad.py\n+++ out/cube_grad.py\n@@ -0,0 +1,"
+    )
+    assert "+def cube_forward(x):" in run.stdout
+    assert not (project / "out").exists()
+
+
+def test_check_and_diff_together_report_only_what_would_change(project):
+    (project / "pkg" / "cube.py").write_text(CUBE)
+    run = s2sgrad("convert", "--check", "--diff", "pkg", cwd=project)
+    assert run.returncode == 1
+    assert run.stdout.startswith("--- pkg/cube_grad.py\n")
+    assert "square_grad.py" not in run.stdout + run.stderr.replace("2 output", "")
+    assert "1 of 2 output(s) would change" in run.stderr
+    assert not (project / "pkg" / "cube_grad.py").exists()
+
+
+@pytest.mark.parametrize("flag", ["--check", "--diff"])
+def test_input_error_exits_2_and_writes_nothing(project, flag):
+    (project / "pkg" / "bad.py").write_text(BAD)
+    before = snapshot(project)
+    run = s2sgrad("convert", flag, "pkg", cwd=project)
+    assert run.returncode == 2
+    assert "pkg/bad.py:4:" in run.stderr and "error[S2S" in run.stderr
+    assert run.stdout == ""
+    assert snapshot(project) == before
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--check", "--stdout", "pkg"], "--stdout cannot be combined"),
+        (["--diff", "nowhere"], "no such file or directory: nowhere"),
+        (
+            ["--check", "--line-length", "0", "pkg"],
+            "--line-length: must be a positive integer",
+        ),
+    ],
+)
+def test_usage_error_exits_2(project, args, message):
+    run = s2sgrad("convert", *args, cwd=project)
+    assert run.returncode == 2
+    assert message in run.stderr
+
+
+@pytest.mark.parametrize(
+    "flag, broken", [("--check", "status"), ("--diff", "unified_diff")]
+)
+def test_internal_error_exits_123_and_says_it_is_a_bug(project, flag, broken):
+    prelude = (
+        "import s2sgrad.cli\n"
+        "def boom(*args):\n    raise RuntimeError('boom')\n"
+        f"s2sgrad.cli.{broken} = boom"
+    )
+    (project / "pkg" / "cube.py").write_text(CUBE)
+    run = s2sgrad("convert", flag, "pkg", cwd=project, prelude=prelude)
+    assert run.returncode == 123
+    assert "internal error: RuntimeError: boom" in run.stderr
+    assert "This is a bug in s2sgrad" in run.stderr
+
+
+def test_pre_commit_hooks_regenerate_and_check_serially():
+    hooks = {
+        h["id"]: h
+        for h in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    }
+    assert set(hooks) == {"s2sgrad", "s2sgrad-check"}
+    assert hooks["s2sgrad"]["entry"] == "s2sgrad convert"
+    assert hooks["s2sgrad-check"]["entry"] == "s2sgrad convert --check --diff"
+    for hook in hooks.values():
+        # Outputs depend on sources the commit may not touch: convert the whole tree,
+        # once, never in parallel batches that would race on the same files.
+        assert hook["pass_filenames"] is False
+        assert hook["require_serial"] is True
+        assert hook["language"] == "python"
