@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from s2sgrad.codegen import Origin
 from s2sgrad.diagnostics import Diagnostic, TransformError
+from s2sgrad.header import Origin
 from s2sgrad.hook import (
     StaleGeneratedCodeWarning,
     TransformImportError,
@@ -18,7 +18,6 @@ from s2sgrad.hook import (
     load,
 )
 from s2sgrad.options import Options
-from s2sgrad.pipeline import convert
 
 __version__ = "0.1.0"
 
@@ -47,4 +46,8 @@ def transform(
     name of the source module, needed only when its differentiators use module-level
     helpers or constants. Keyword options are the fields of `Options`.
     """
+    from s2sgrad.pipeline import (
+        convert,  # the engine (libcst, black) loads on first use
+    )
+
     return convert(source, Origin(filename, module_name), Options(**options))

@@ -21,16 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from s2sgrad.codegen import Origin
 from s2sgrad.config import Config, ConfigError, load_config
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import decode_source
+from s2sgrad.header import Origin
 from s2sgrad.options import Options
 from s2sgrad.pipeline import convert, has_differentiators
 from s2sgrad.review.check import status, unified_diff
 from s2sgrad.review.model import ReviewRecord, review
 from s2sgrad.review.page import render_html
 from s2sgrad.review.text import render_text
+from s2sgrad.sources import display_path, module_name
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 123
 T = TypeVar("T")
@@ -57,21 +58,6 @@ class Reviewed:
 
 
 Outcome = Converted | Failed
-
-
-def module_name(path: Path) -> str:
-    """Return the dotted name `path` is imported by, walking up `__init__.py` files."""
-    parts = [path.stem]
-    folder = path.resolve().parent
-    while (folder / "__init__.py").is_file():
-        parts.append(folder.name)
-        folder = folder.parent
-    return ".".join(reversed(parts))
-
-
-def display_path(path: Path) -> str:
-    """Return `path` relative to the working directory, with forward slashes."""
-    return Path(os.path.relpath(path.resolve(), Path.cwd())).as_posix()
 
 
 def _is_generated(path: Path, options: Options) -> bool:

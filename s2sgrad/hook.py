@@ -17,6 +17,7 @@ to stderr). The CLI's `run` command lives here too, as it only installs the hook
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -35,12 +36,11 @@ from pathlib import Path
 from types import CodeType, ModuleType, TracebackType
 
 import s2sgrad
-from s2sgrad.cli import display_path, module_name
-from s2sgrad.codegen import FORMAT_VERSION, HASH_MARK, Origin, source_hash
+from s2sgrad.config import ConfigError, load_config
 from s2sgrad.diagnostics import Diagnostic, TransformError
-from s2sgrad.frontend import decode_source
+from s2sgrad.header import FORMAT_VERSION, HASH_MARK, Origin, source_hash
 from s2sgrad.options import Options
-from s2sgrad.pipeline import convert
+from s2sgrad.sources import display_path, module_name
 
 #: Opens every cache entry; bump the number when the entry layout changes.
 ENTRY_MAGIC = b"s2sgrad-cache 1\n"
@@ -136,8 +136,9 @@ class ImportHook(importlib.abc.MetaPathFinder):
     Use it as a context manager, or call `uninstall`, to remove it again.
     """
 
-    def __init__(self, packages: Iterable[str] | None, options: Options) -> None:
+    def __init__(self, packages: Iterable[str] | None, options: Options | None) -> None:
         self.packages = None if packages is None else tuple(packages)
+        #: Explicit options, or None to read each source's `[tool.s2sgrad]` as the CLI does.
         self.options = options
 
     def find_spec(
@@ -146,7 +147,7 @@ class ImportHook(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        suffix = self.options.suffix
+        suffix = (self.options or project_options(Path.cwd())).suffix
         if not fullname.endswith(suffix):
             return None
         source_name = fullname[: -len(suffix)]
@@ -168,7 +169,7 @@ class ImportHook(importlib.abc.MetaPathFinder):
             if source is None:
                 trace(fullname, f"skipped: no source for {source_name} on the path")
                 return None
-        return spec_for(fullname, source, self.options)
+        return spec_for(fullname, source, self.options or project_options(source.parent))
 
     def _selected(self, source_name: str) -> bool:
         if self.packages is None:
@@ -194,6 +195,19 @@ class ImportHook(importlib.abc.MetaPathFinder):
         self.uninstall()
 
 
+@functools.lru_cache(maxsize=256)
+def project_options(folder: Path) -> Options:
+    """Return the options `s2sgrad convert` would use for sources in `folder`.
+
+    They come from `[tool.s2sgrad]` of the project holding the folder, so the hook serves
+    the same bytes the CLI writes. A bad configuration is an import error, never ignored.
+    """
+    try:
+        return load_config([folder]).options()
+    except ConfigError as exc:
+        raise ImportError(f"s2sgrad: {exc}") from None
+
+
 def install_import_hook(
     packages: Iterable[str] | None = None, *, options: Options | None = None
 ) -> ImportHook:
@@ -205,7 +219,7 @@ def install_import_hook(
     """
     if isinstance(packages, str):
         packages = [packages]
-    hook = ImportHook(packages, options or Options())
+    hook = ImportHook(packages, options)
     sys.meta_path.insert(0, hook)
     return hook
 
@@ -216,8 +230,8 @@ def load(path: str | os.PathLike[str], *, options: Options | None = None) -> Mod
     The module is registered in `sys.modules` under its dotted name, so that pickling
     and `torch.compile` find it.
     """
-    options = options or Options()
     source = Path(path).resolve()
+    options = options or project_options(source.parent)
     name = module_name(source) + options.suffix
     spec = spec_for(name, source, options)
     module = importlib.util.module_from_spec(spec)
@@ -317,6 +331,8 @@ def _recorded_hash(grad: Path) -> str | None:
 def _text_hash(data: bytes) -> str:
     """Return the hash a generated header records for the source `data`."""
     try:
+        from s2sgrad.frontend import decode_source  # the engine loads only when needed
+
         return source_hash(decode_source(data, ""))
     except TransformError:
         return ""  # undecodable: nothing generated from it can match
@@ -354,6 +370,9 @@ def build(job: Job) -> Built:
 def generate(job: Job) -> str:
     """Return the module text, by the code path of `s2sgrad convert`."""
     try:
+        from s2sgrad.frontend import decode_source
+        from s2sgrad.pipeline import convert
+
         text = decode_source(job.data, job.origin.display_path)
         return convert(text, job.origin, job.options)
     except TransformError as exc:

@@ -7,9 +7,10 @@ Pure: reads no files and no environment. The CLI and the import hook both call
 from __future__ import annotations
 
 from s2sgrad.autodiff.plan import differentiate, sibling_of
-from s2sgrad.codegen import Origin, generate
+from s2sgrad.codegen import generate
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import ParsedModule, parse
+from s2sgrad.header import Origin
 from s2sgrad.lift import Lifted, lift
 from s2sgrad.options import Options
 

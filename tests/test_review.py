@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from s2sgrad.codegen import Origin
+from s2sgrad.header import Origin
 from s2sgrad.options import Options
 from s2sgrad.review.model import review
 from s2sgrad.review.page import render_html

@@ -7,27 +7,21 @@ text is a pure function of those inputs: no timestamps, absolute paths or set or
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
-
 import libcst as cst
 import libcst.matchers as m
 
+from s2sgrad.autodiff.inline import names_read
 from s2sgrad.codegen.emit import emit
 from s2sgrad.codegen.fmt import format_code
 from s2sgrad.codegen.guard import check_generated
 from s2sgrad.codegen.imports import import_block
-from s2sgrad.autodiff.inline import names_read
 from s2sgrad.cst import module
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, ParsedModule
+from s2sgrad.header import FORMAT_VERSION, HASH_MARK, Origin, source_hash
 from s2sgrad.lift import Lifted
 from s2sgrad.names import Names
 from s2sgrad.options import Options
-
-#: Bumped only when the generated text changes for the same input.
-FORMAT_VERSION = 1
-HASH_MARK = "# s2sgrad-source-sha256: "
 
 _ACCUMULATE = '''
 def _accumulate(total, grad):
@@ -36,18 +30,6 @@ def _accumulate(total, grad):
         return total
     return grad if total is None else total + grad
 '''.lstrip()
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where the source lives: as shown in the header, and as imported."""
-
-    display_path: str
-    module_name: str | None
-
-
-def source_hash(source: str) -> str:
-    return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 
 def generate(

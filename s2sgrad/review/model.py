@@ -17,7 +17,8 @@ from typing import Literal
 
 import libcst as cst
 
-from s2sgrad.codegen import Origin, generate
+from s2sgrad.codegen import generate
+from s2sgrad.header import Origin
 from s2sgrad.lift import Kind, Lifted, Saved, lift
 from s2sgrad.names import Names
 from s2sgrad.options import Options
