@@ -19,7 +19,7 @@ def nth_grads(fn, args, order):
     """The order-th gradients of a fixed weighted sum of fn's result, by torch.autograd."""
     out = fn(*args)
     total = (out * torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)).sum()
-    for k in range(order):
+    for _k in range(order):
         grads = torch.autograd.grad(total, args, create_graph=True, materialize_grads=True)
         total = sum((g * (i + 1.0)).sum() for i, g in enumerate(grads))
     return grads

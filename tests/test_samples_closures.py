@@ -4,7 +4,15 @@ import inspect
 
 import pytest
 import torch
-from sample_cases import ATOL, CASES, RTOL, SAMPLES_DIR, as_tuple, is_grad_tensor, prepare
+from sample_cases import (
+    ATOL,
+    CASES,
+    RTOL,
+    SAMPLES_DIR,
+    as_tuple,
+    is_grad_tensor,
+    prepare,
+)
 
 from s2sgrad.frontend import parse
 
@@ -38,9 +46,9 @@ def test_first_order(module, name, factory):
     outs, grads, got = _run_closure(fn, args, kwargs, params)
     tensors = [p for p in params if is_grad_tensor(p)]
     ref = torch.autograd.grad(outs, tensors, grads, allow_unused=True)
-    ref_by_id = {id(t): g for t, g in zip(tensors, ref)}
+    ref_by_id = {id(t): g for t, g in zip(tensors, ref, strict=False)}
     pnames = list(inspect.signature(fn).parameters)
-    for pname, p, g in zip(pnames, params, got):
+    for pname, p, g in zip(pnames, params, got, strict=False):
         if not is_grad_tensor(p):
             assert g is None, f"non-tensor parameter {pname} must get None"
             continue
@@ -59,23 +67,23 @@ def test_second_order(module, name, factory):
     fn, args, kwargs, params = prepare(module, name, factory, seed=1)
     pnames = list(inspect.signature(fn).parameters)
     tensors = [p for p in params if is_grad_tensor(p)]
-    names = [n for n, p in zip(pnames, params) if is_grad_tensor(p)]
+    names = [n for n, p in zip(pnames, params, strict=False) if is_grad_tensor(p)]
 
     outs, grads, got = _run_closure(fn, args, kwargs, params, grads_require_grad=True)
-    got = [g for p, g in zip(params, got) if is_grad_tensor(p)]
+    got = [g for p, g in zip(params, got, strict=False) if is_grad_tensor(p)]
     weights = [torch.randn_like(t) for t in tensors]
 
     ref_outs, _ = fn(*args, **kwargs)
     ref = torch.autograd.grad(as_tuple(ref_outs), tensors, grads, create_graph=True, allow_unused=True)
 
     def weighted(gs):
-        return sum((w * g).sum() for w, g in zip(weights, gs) if g is not None)
+        return sum((w * g).sum() for w, g in zip(weights, gs, strict=False) if g is not None)
 
     wrt = tensors + list(grads)
     wrt_names = names + [f"grad_out{i}" for i in range(len(grads))]
     d_got = torch.autograd.grad(weighted(got), wrt, allow_unused=True)
     d_ref = torch.autograd.grad(weighted(ref), wrt, allow_unused=True)
-    for n, t, a, b in zip(wrt_names, wrt, d_got, d_ref):
+    for n, t, a, b in zip(wrt_names, wrt, d_got, d_ref, strict=False):
         a = torch.zeros_like(t) if a is None else a
         b = torch.zeros_like(t) if b is None else b
         _close(a, b, f"d2 w.r.t. {n}")

@@ -7,7 +7,6 @@ import pytest
 import torch
 from sample_cases import ATOL, CASES, RTOL, as_tuple, is_grad_tensor, load, prepare
 
-
 PARAMS = [pytest.param(m, n, f, id=f"{m}.{n}[{i}]") for m, n, i, f in CASES]
 
 
