@@ -52,6 +52,9 @@ class Saved:
     index: int | None
     #: Line of the first read in backward.
     line: int
+    #: Forward may bind it to an input object itself (`z = x`, `x.to(dtype)`), which
+    #: autograd will not take back as an output to save: the Function returns a view.
+    may_alias: bool = False
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,24 @@ def result_names(diff: Differentiator, names: NameAllocator) -> tuple[str, ...]:
     )
 
 
+#: Tensor methods that may return the very object they are called on.
+MAY_RETURN_SELF = {
+    "to", "type", "type_as", "contiguous", "float", "double", "half", "bfloat16", "cpu",
+    "cuda", "requires_grad_", "as_subclass",
+}
+
+
+def may_alias(diff: Differentiator, name: str) -> bool:
+    """Tell whether some binding of `name` in forward may be another name's object."""
+    self_call = m.Call(func=m.Attribute(attr=m.OneOf(*(m.Name(n) for n in MAY_RETURN_SELF))))
+    for statement in diff.statements:
+        for assign in m.findall(statement, m.Assign(targets=[m.AssignTarget(m.Name(name))])):
+            assert isinstance(assign, cst.Assign)
+            if m.matches(assign.value, m.Name() | self_call):
+                return True
+    return False
+
+
 def _classify(
     diff: Differentiator,
     capture: Capture,
@@ -193,7 +214,8 @@ def _classify(
     if name in outputs:
         return Saved(name, name, "output", name, True, False, outputs.index(name), line)
     kind: Kind = "temporary" if value.diff else "constant"
-    return Saved(name, name, kind, name, bool(value.tensor), False, None, line)
+    alias = may_alias(diff, name)
+    return Saved(name, name, kind, name, bool(value.tensor), False, None, line, alias)
 
 
 def _metadata_entries(

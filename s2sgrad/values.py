@@ -184,7 +184,12 @@ _SCALAR_BUILTINS = {
     "type",
 }
 #: Methods and functions returning (values, indices): only the values carry a gradient.
-_VALUES_INDICES = {
+#: Calls that return a tuple of tensors.
+SEQUENCE_RESULTS = {
+    "split", "chunk", "unbind", "tensor_split", "hsplit", "vsplit", "dsplit", "meshgrid",
+    "broadcast_tensors",
+}
+VALUES_INDICES = {
     "max",
     "min",
     "sort",
@@ -478,7 +483,7 @@ class Evaluator:
                 if isinstance(func, cst.Attribute)
                 else (func.value if isinstance(func, cst.Name) else "")
             )
-            if name in _VALUES_INDICES:
+            if name in VALUES_INDICES:
                 return CONST
         return Value(value.tensor if value.tensor else None, value.diff)
 

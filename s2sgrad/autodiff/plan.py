@@ -27,7 +27,15 @@ from s2sgrad.autodiff.vjp import (
 )
 from s2sgrad.cst import as_expression, as_statement
 from s2sgrad.frontend.model import METADATA_ATTRIBUTES, METADATA_METHODS, Differentiator
-from s2sgrad.lift import Gradients, Kind, Lifted, Recompute, Saved, rebound_names
+from s2sgrad.lift import (
+    Gradients,
+    Kind,
+    Lifted,
+    Recompute,
+    Saved,
+    may_alias,
+    rebound_names,
+)
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Options
 
@@ -383,7 +391,9 @@ class Planner:
                 name, source, "output", source, True, False, outputs.index(source), 0
             )
         kind: Kind = "temporary" if version.value.diff and tensor else "constant"
-        return Saved(name, source, kind, source, tensor, False, None, 0)
+        # A snapshot of a parameter, or a name bound to another's object, may be an input.
+        alias = version.is_param or (final and may_alias(self.diff, source))
+        return Saved(name, source, kind, source, tensor, False, None, 0, alias)
 
     def _meta_entry(
         self, source: str, kind: str, ctx: _Context, names: NameAllocator
@@ -461,8 +471,9 @@ def _with_snapshots(
                     ]
                 )
             )
-        statement = as_statement(statement.visit(replace_hoisted))
-        out.append(_out_of_place(statement, ctx.aliased, program))
+        # Out of place first: it finds the statement by identity, which visiting loses.
+        statement = _out_of_place(statement, ctx.aliased, program)
+        out.append(as_statement(statement.visit(replace_hoisted)))
         out += lines(index)
     return out
 

@@ -23,7 +23,7 @@ from s2sgrad.autodiff.registry import Registry, Rule
 from s2sgrad.cst import as_compound_or_line, as_expression
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.names import NameAllocator
-from s2sgrad.values import Evaluator, Value
+from s2sgrad.values import SEQUENCE_RESULTS, VALUES_INDICES, Evaluator, Value
 
 PLACEHOLDER = "__s2sgrad_v{}__"
 ACCUMULATE = "_accumulate"
@@ -439,6 +439,8 @@ class Generator:
             node.operator, cst.Minus
         ):
             key, positional, keywords = "operator.neg", [node.expression], {}
+        elif isinstance(node, cst.Subscript) and _returns_sequence(node.value):
+            raise NoRule(line, f"`{code}` indexes the tuple a call returns: no rule")
         elif isinstance(node, cst.Subscript):
             key, positional, keywords = (
                 "operator.getitem",
@@ -536,6 +538,15 @@ def _op_name(node: cst.BaseExpression) -> str:
     if isinstance(node, cst.UnaryOperation):
         return "neg"
     return "value"
+
+
+def _returns_sequence(node: cst.BaseExpression) -> bool:
+    """Tell whether a call returns a tuple of tensors (`x.split(2)`, `x.max(dim=1)`)."""
+    if not isinstance(node, cst.Call):
+        return False
+    func = node.func
+    name = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", "")
+    return name in SEQUENCE_RESULTS or (name in VALUES_INDICES and bool(node.args))
 
 
 def _line(target: cst.Name, value: cst.BaseExpression) -> cst.SimpleStatementLine:

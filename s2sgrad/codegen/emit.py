@@ -233,9 +233,15 @@ class _FunctionWriter:
             return head + [f"    return {call}[0]"]
         targets = [s.name if s in extras else "_" for s in self.lifted.context]
         result = f"*{self.result}" if self.multi else self.result
+        # An extra that may be an input object itself is returned as a view: autograd
+        # does not save an input returned as-is as an output.
+        returned = [
+            f"{s.name}.view_as({s.name})" if s.may_alias and s.tensor else s.name
+            for s in extras
+        ]
         return head + [
             f"    {self.result}, {_tuple(targets)} = {call}",
-            f"    return {result}, {', '.join(s.name for s in extras)}",
+            f"    return {result}, {', '.join(returned)}",
         ]
 
     def _value(self, saved: Saved) -> str:

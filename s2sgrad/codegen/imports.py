@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from s2sgrad.diagnostics import TransformError
 from s2sgrad.frontend.model import GlobalName
 
 
@@ -60,6 +59,6 @@ def import_block(
     lines += sorted(plain) + sorted(froms)
     if local:
         if module_name is None:
-            raise TransformError([])
+            raise ValueError("helpers need the source module's importable name")
         lines.append(f"from {module_name} import {', '.join(sorted(local))}")
     return lines
