@@ -18,19 +18,23 @@ CODES: dict[str, str] = {
     "S2S004": "cannot read the source file",
     "S2S101": "return before the end of the forward function",
     "S2S102": "nonlocal or global statement",
-    "S2S103": "in-place mutation of a captured value",
+    "S2S103": "in-place mutation or deletion of a captured value or an input",
     "S2S104": "generator or async code",
     "S2S105": "backward escapes other than through the final return",
     "S2S106": "backward is not returned",
     "S2S107": "backward arity does not match the outputs",
-    "S2S108": "wrong number of returned gradients",
+    "S2S108": "backward returns the wrong number of gradients, or none",
     "S2S109": "lambda used as backward",
     "S2S110": "variadic or keyword-only parameters in backward, or variadic forward",
     "S2S111": "backward is defined more than once",
     "S2S112": "undefined name",
-    "S2S113": "decorated backward",
+    "S2S113": "decorated differentiator or backward",
     "S2S114": "generated name collides with a name in the source module",
     "S2S115": "helpers used, but the source is not an importable module",
+    "S2S116": "backward is defined inside a block instead of directly in forward",
+    "S2S117": "name read before it is assigned",
+    "S2S118": "source nested too deeply to analyse",
+    "S2S119": "differentiator defined more than once",
 }
 
 
@@ -53,12 +57,35 @@ class Diagnostic:
         )
         parts = [head]
         if self.source_line:
-            text = self.source_line.rstrip("\n").expandtabs(1)
+            text, column = _window(
+                _printable(self.source_line.rstrip("\r\n").expandtabs(1)),
+                self.column,
+            )
             parts.append(f"    {text}")
-            parts.append("    " + " " * (self.column - 1) + "^")
+            parts.append("    " + " " * (column - 1) + "^")
         if self.hint:
             parts.append(f"  hint: {self.hint}")
         return "\n".join(parts)
+
+
+#: Source lines longer than this are shown as a window around the caret.
+_MAX_SHOWN = 120
+
+
+def _window(text: str, column: int) -> tuple[str, int]:
+    """Cut a long line to `_MAX_SHOWN` characters around `column`, marked by `...`."""
+    if len(text) <= _MAX_SHOWN:
+        return text, column
+    width = _MAX_SHOWN - 6
+    start = max(0, min(column - 1 - width // 2, len(text) - width))
+    prefix = "..." if start > 0 else ""
+    suffix = "..." if start + width < len(text) else ""
+    return prefix + text[start : start + width] + suffix, column - start + len(prefix)
+
+
+def _printable(text: str) -> str:
+    """Replace control characters (form feeds, NULs) by spaces, keeping columns."""
+    return "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in text)
 
 
 class TransformError(Exception):

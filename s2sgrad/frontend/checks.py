@@ -4,6 +4,10 @@ Takes the forward `FunctionDef`, the name of its backward and a `Locator`; retur
 diagnostics for every construct outside the language. Checks that need scopes (undefined
 names, mutation of captured values) live in `scopes.py`. An empty list means the
 structure is one the later stages can translate faithfully.
+
+Each construct is reported once, where it is written: an early return is not also
+reported as "backward is not returned", and a `backward` stored in another name is not
+also reported as missing from the final return.
 """
 
 from __future__ import annotations
@@ -13,6 +17,18 @@ import libcst.matchers as m
 
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.locate import Locator
+
+_BLOCKS: dict[type[cst.CSTNode], str] = {
+    cst.If: "an `if` block",
+    cst.Else: "an `else` block",
+    cst.For: "a `for` loop",
+    cst.While: "a `while` loop",
+    cst.With: "a `with` block",
+    cst.Try: "a `try` block",
+    cst.ExceptHandler: "an `except` block",
+    cst.Finally: "a `finally` block",
+    cst.Match: "a `match` block",
+}
 
 
 def final_return(forward: cst.FunctionDef) -> cst.Return | None:
@@ -24,6 +40,20 @@ def final_return(forward: cst.FunctionDef) -> cst.Return | None:
         ret = stmt.body[0]
         assert isinstance(ret, cst.Return)
         return ret
+    return None
+
+
+def closing_return(forward: cst.FunctionDef) -> cst.Return | None:
+    """Return the last `return` statement written directly in the function's body.
+
+    It is the final statement, or an earlier one followed by code that never runs.
+    """
+    for stmt in reversed(forward.body.body):
+        if m.matches(stmt, m.SimpleStatementLine(body=[m.Return()])):
+            assert isinstance(stmt, cst.SimpleStatementLine)
+            ret = stmt.body[0]
+            assert isinstance(ret, cst.Return)
+            return ret
     return None
 
 
@@ -51,6 +81,8 @@ def nested_defs(forward: cst.FunctionDef) -> list[cst.FunctionDef]:
 def backward_name(forward: cst.FunctionDef) -> str | None:
     """Name the nested def that acts as backward, if the function is a differentiator."""
     defs = {d.name.value for d in nested_defs(forward)}
+    if not defs:
+        return None
     pair = returned_pair(forward)
     if pair is not None and isinstance(pair[1], cst.Name) and pair[1].value in defs:
         return pair[1].value
@@ -62,20 +94,106 @@ def backward_name(forward: cst.FunctionDef) -> str | None:
     return hits[0] if hits else None
 
 
-def is_lambda_backward(forward: cst.FunctionDef) -> bool:
+def lambda_backward(forward: cst.FunctionDef) -> cst.Lambda | None:
+    """Return the lambda returned as backward: `return out, lambda g: ...`, or
+    `backward = lambda g: ...` in forward's body and `return out, backward`.
+
+    A lambda bound to a name counts only when the name says so (`backward`,
+    `grad_fn`): plain functions may well return a value and a key function.
+    """
     pair = returned_pair(forward)
-    return pair is not None and isinstance(pair[1], cst.Lambda)
+    if pair is None:
+        return None
+    if isinstance(pair[1], cst.Lambda):
+        return pair[1]
+    if (
+        not isinstance(pair[1], cst.Name)
+        or not any(w in pair[1].value.lower() for w in ("backward", "grad"))
+        or pair[1].value in {d.name.value for d in nested_defs(forward)}
+    ):
+        return None
+    bound = m.SimpleStatementLine(
+        body=[
+            m.Assign(targets=[m.AssignTarget(m.Name(pair[1].value))], value=m.Lambda())
+        ]
+    )
+    for stmt in forward.body.body:
+        if m.matches(stmt, bound):
+            assert isinstance(stmt, cst.SimpleStatementLine)
+            assign = stmt.body[0]
+            assert isinstance(assign, cst.Assign) and isinstance(
+                assign.value, cst.Lambda
+            )
+            return assign.value
+    return None
 
 
 class _ReturnedNames(cst.CSTVisitor):
+    """Names a function returns as such (`return f`, `return x, f`), not names only
+    used in a returned expression (`return helper(x)`), in its own returns."""
+
     def __init__(self) -> None:
         self.names: set[str] = set()
 
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
     def visit_Return(self, node: cst.Return) -> None:
-        if node.value is not None:
-            for name in m.findall(node.value, m.Name()):
-                assert isinstance(name, cst.Name)
-                self.names.add(name.value)
+        values = _returned_values(node)
+        self.names.update(v.value for v in values if isinstance(v, cst.Name))
+
+
+def check_nested_backward(forward: cst.FunctionDef, loc: Locator) -> list[Diagnostic]:
+    """Diagnose a returned backward that is defined inside a block of forward.
+
+    Such a function is not a differentiator by the rule of section 1, but it is
+    clearly meant to be one: skipping it silently would drop it from the output.
+    """
+    pair = returned_pair(forward)
+    if pair is None or not isinstance(pair[1], cst.Name):
+        return []
+    finder = _DefsInBlocks(pair[1].value)
+    forward.body.visit(finder)
+    if finder.hit is None:
+        return []
+    node, block = finder.hit
+    name = pair[1].value
+    return [
+        loc.error(
+            "S2S116",
+            node,
+            f"`{name}` is defined inside {block}; a differentiator defines its "
+            f"backward directly in its body",
+            f"define one `{name}` at the top level of `{forward.name.value}`, before "
+            "the final return, and branch inside it",
+        )
+    ]
+
+
+class _DefsInBlocks(cst.CSTVisitor):
+    """Find the first `def NAME` nested in a block (not in another function)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.blocks: list[str] = []
+        self.hit: tuple[cst.FunctionDef, str] | None = None
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.FunctionDef):
+            if node.name.value == self.name and self.blocks and self.hit is None:
+                self.hit = (node, self.blocks[-1])
+            return False
+        block = _BLOCKS.get(type(node))
+        if block is not None:
+            self.blocks.append(block)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if type(original_node) in _BLOCKS:
+            self.blocks.pop()
 
 
 def check_structure(
@@ -84,7 +202,8 @@ def check_structure(
     """Diagnose everything in `forward` that the translation cannot preserve."""
     found: list[Diagnostic] = []
     found += _check_signature(forward, loc)
-    checker = _BodyChecker(forward, backward, loc)
+    closing = closing_return(forward)
+    checker = _BodyChecker(forward, backward, closing, loc)
     forward.body.visit(checker)
     found += checker.found
     defs = [d for d in nested_defs(forward) if d.name.value == backward]
@@ -97,48 +216,152 @@ def check_structure(
                 "define backward once, as the last definition before the return",
             )
         )
-    pair = returned_pair(forward)
-    if pair is None or not m.matches(pair[1], m.Name(backward)):
-        target = final_return(forward) or defs[0]
-        found.append(
-            loc.error(
-                "S2S106",
-                target,
-                f"`{backward}` is not returned by `{forward.name.value}`",
-                f"end the function with `return result, {backward}`",
-            )
-        )
-        return found
+    returned = _check_returned(forward, backward, closing, defs[0], checker, loc)
+    if returned is not None:
+        return found + returned
+    pair = returned_pair(forward) or _closing_pair(closing)
+    assert pair is not None
     bw = defs[0]
     found += _check_backward_signature(bw, loc)
-    n_out = len(pair[0].elements) if isinstance(pair[0], cst.Tuple) else 1
-    n_grad = len(bw.params.params) + len(bw.params.posonly_params)
-    if n_out != n_grad and not found:
-        found.append(
-            loc.error(
-                "S2S107",
-                bw,
-                f"`{backward}` takes {n_grad} gradient(s) but `{forward.name.value}` "
-                f"returns {n_out} output(s)",
-                "give backward one gradient parameter per output",
-            )
-        )
+    if not found:
+        found += _check_arity(forward, pair[0], bw, loc)
     found += _check_gradient_count(forward, bw, loc)
     return found
 
 
+def _closing_pair(
+    closing: cst.Return | None,
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    if closing is None or not isinstance(closing.value, cst.Tuple):
+        return None
+    elements = closing.value.elements
+    if len(elements) != 2:
+        return None
+    return elements[0].value, elements[1].value
+
+
+def _check_returned(
+    forward: cst.FunctionDef,
+    backward: str,
+    closing: cst.Return | None,
+    bw: cst.FunctionDef,
+    checker: _BodyChecker,
+    loc: Locator,
+) -> list[Diagnostic] | None:
+    """Check that forward ends with `return RESULT, backward`; None when it does."""
+    name = forward.name.value
+    if closing is None:
+        if checker.early_returns:
+            return []  # the early returns are the problem, already reported
+        return [
+            loc.error(
+                "S2S106",
+                bw,
+                f"`{name}` defines `{backward}` but never returns it",
+                f"end `{name}` with `return result, {backward}`",
+            )
+        ]
+    value = closing.value
+    for element in value.elements if isinstance(value, cst.Tuple) else ():
+        if isinstance(element, cst.StarredElement):
+            return [
+                loc.error(
+                    "S2S106",
+                    element,
+                    "the final return cannot unpack outputs with `*`",
+                    f"list the outputs in one tuple: `return (out1, out2), {backward}`",
+                )
+            ]
+    values = _returned_values(closing)
+    code = cst.Module([]).code_for_node
+    at = [i for i, v in enumerate(values) if m.matches(v, m.Name(backward))]
+    if len(values) == 2 and at and at[-1] == 1:
+        return None
+    if len(values) == 1 and at:
+        return [
+            loc.error(
+                "S2S106",
+                closing,
+                f"`{name}` returns only `{backward}`; a differentiator returns its "
+                f"result and `{backward}`",
+                f"write `return result, {backward}`",
+            )
+        ]
+    if at and at[-1] == len(values) - 1:
+        outputs = ", ".join(code(v) for v in values[:-1])
+        return [
+            loc.error(
+                "S2S106",
+                closing,
+                f"`{name}` returns {len(values)} values; a differentiator returns "
+                f"two: its result and `{backward}`",
+                f"put the outputs in one tuple: `return ({outputs}), {backward}`",
+            )
+        ]
+    if at:
+        rest = ", ".join(code(v) for i, v in enumerate(values) if i != at[0])
+        return [
+            loc.error(
+                "S2S106",
+                values[at[0]],
+                f"`{backward}` must come last in the final return",
+                f"write `return {rest}, {backward}`",
+            )
+        ]
+    if checker.escapes:
+        return []  # backward leaves through another name, already reported
+    result = code(value) if value is not None else "result"
+    return [
+        loc.error(
+            "S2S106",
+            closing,
+            f"`{name}` does not return `{backward}`",
+            f"end `{name}` with `return {result}, {backward}`",
+        )
+    ]
+
+
+def _returned_values(ret: cst.Return) -> list[cst.BaseExpression]:
+    """The values a `return` lists: the tuple's elements, or its one value."""
+    if isinstance(ret.value, cst.Tuple):
+        return [e.value for e in ret.value.elements]
+    return [] if ret.value is None else [ret.value]
+
+
 def _check_signature(forward: cst.FunctionDef, loc: Locator) -> list[Diagnostic]:
     found = []
+    name = forward.name.value
+    if forward.decorators:
+        decorator = forward.decorators[0]
+        shown = cst.Module([]).code_for_node(decorator.decorator)
+        found.append(
+            loc.error(
+                "S2S113",
+                decorator,
+                f"a differentiator cannot be decorated: the generated `{name}` would "
+                f"silently lose `@{shown}`",
+                f"remove the decorator, and apply it to the generated op if needed "
+                f"(`{name} = {shown}({name})`)",
+            )
+        )
     if forward.asynchronous is not None:
-        found.append(loc.error("S2S104", forward, "a differentiator cannot be `async`"))
+        found.append(
+            loc.error(
+                "S2S104",
+                forward,
+                "a differentiator cannot be `async`",
+                "remove `async`; autograd calls forward and backward synchronously",
+            )
+        )
     params = forward.params
     for star in (params.star_arg, params.star_kwarg):
         if isinstance(star, cst.Param):
+            stars = "*" if star is params.star_arg else "**"
             found.append(
                 loc.error(
                     "S2S110",
                     star,
-                    "a differentiator cannot take `*args` or `**kwargs`",
+                    f"a differentiator cannot take `{stars}{star.name.value}`",
                     "name every parameter so each one gets a gradient slot",
                 )
             )
@@ -148,56 +371,135 @@ def _check_signature(forward: cst.FunctionDef, loc: Locator) -> list[Diagnostic]
 def _check_backward_signature(bw: cst.FunctionDef, loc: Locator) -> list[Diagnostic]:
     found = []
     params = bw.params
+    name = bw.name.value
     if bw.decorators:
         found.append(
-            loc.error("S2S113", bw.decorators[0], "backward cannot be decorated")
+            loc.error(
+                "S2S113",
+                bw.decorators[0],
+                f"`{name}` cannot be decorated",
+                "remove the decorator: the generated code calls backward's body directly",
+            )
         )
-    extra = [
-        p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)
+    extra: list[tuple[cst.Param, str]] = []
+    if isinstance(params.star_arg, cst.Param):
+        extra.append((params.star_arg, f"`*{params.star_arg.name.value}`"))
+    extra += [
+        (p, f"the keyword-only parameter `{p.name.value}`")
+        for p in params.kwonly_params
     ]
-    extra += list(params.kwonly_params)
-    extra += [p for p in params.params if p.default is not None]
+    if isinstance(params.star_kwarg, cst.Param):
+        extra.append((params.star_kwarg, f"`**{params.star_kwarg.name.value}`"))
+    extra += [
+        (p, f"a default for `{p.name.value}`")
+        for p in (*params.posonly_params, *params.params)
+        if p.default is not None
+    ]
     if extra:
+        param, what = min(extra, key=lambda e: loc.positions[e[0]].start.column)
         found.append(
             loc.error(
                 "S2S110",
-                extra[0],
-                "backward takes only plain gradient parameters",
-                "write one positional parameter per output, without defaults",
+                param,
+                f"`{name}` takes only plain gradient parameters, not {what}",
+                "write one positional parameter per output, without a default",
             )
         )
     return found
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _check_arity(
+    forward: cst.FunctionDef,
+    result: cst.BaseExpression,
+    bw: cst.FunctionDef,
+    loc: Locator,
+) -> list[Diagnostic]:
+    """Check one gradient parameter of backward per output of forward."""
+    n_out = len(result.elements) if isinstance(result, cst.Tuple) else 1
+    grads = [*bw.params.posonly_params, *bw.params.params]
+    if n_out == len(grads):
+        return []
+    name, bname = forward.name.value, bw.name.value
+    message = (
+        f"`{bname}` takes {_plural(len(grads), 'gradient')} but `{name}` returns "
+        f"{_plural(n_out, 'output')}"
+    )
+    hint = f"give `{bname}` one gradient parameter per output ({n_out})"
+    if n_out == 1 and isinstance(result, cst.Name) and len(grads) > 1:
+        shown = result.value
+        hint = (
+            f"`{shown}` is one output; to return {len(grads)} outputs, list them in "
+            f"the return: `return (out1, out2), {bname}`"
+        )
+    target: cst.CSTNode = grads[n_out] if len(grads) > n_out else bw.name
+    return [loc.error("S2S107", target, message, hint)]
 
 
 def _check_gradient_count(
     forward: cst.FunctionDef, bw: cst.FunctionDef, loc: Locator
 ) -> list[Diagnostic]:
     params = forward.params
-    n_params = (
-        len(params.posonly_params) + len(params.params) + len(params.kwonly_params)
-    )
+    names = [
+        p.name.value
+        for p in (*params.posonly_params, *params.params, *params.kwonly_params)
+    ]
+    n_params = len(names)
     returns = _OwnReturns()
     bw.body.visit(returns)
+    name, bname = forward.name.value, bw.name.value
+    hint = (
+        f"return one entry per parameter of `{name}` ({', '.join(names)}), "
+        "`None` where there is no gradient"
+    )
+    if not returns.returns and not returns.raises and not returns.yields:
+        return [
+            loc.error(
+                "S2S108",
+                bw.name,
+                f"`{bname}` never returns the gradients",
+                hint,
+            )
+        ]
     found = []
     for ret in returns.returns:
-        if isinstance(ret.value, cst.Tuple) and len(ret.value.elements) != n_params:
+        value = ret.value
+        if isinstance(value, cst.Tuple) and len(value.elements) != n_params:
+            got = len(value.elements)
             found.append(
                 loc.error(
                     "S2S108",
                     ret,
-                    f"backward returns {len(ret.value.elements)} gradient(s) but "
-                    f"`{forward.name.value}` has {n_params} parameter(s)",
-                    "return one entry per forward parameter, None where there is no gradient",
+                    f"`{bname}` returns {_plural(got, 'gradient')} but `{name}` has "
+                    f"{_plural(n_params, 'parameter')}",
+                    hint,
+                )
+            )
+        elif n_params > 1 and isinstance(
+            value, (cst.BinaryOperation, cst.UnaryOperation)
+        ):
+            found.append(
+                loc.error(
+                    "S2S108",
+                    ret,
+                    f"`{bname}` returns one gradient but `{name}` has "
+                    f"{_plural(n_params, 'parameter')}",
+                    hint,
                 )
             )
     return found
 
 
 class _OwnReturns(cst.CSTVisitor):
-    """Collect the returns of one function body, not of functions nested in it."""
+    """Collect the returns and raises of one function body, not of nested functions."""
 
     def __init__(self) -> None:
         self.returns: list[cst.Return] = []
+        self.raises: list[cst.Raise] = []
+        self.yields: list[cst.Yield] = []
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return False
@@ -208,91 +510,143 @@ class _OwnReturns(cst.CSTVisitor):
     def visit_Return(self, node: cst.Return) -> None:
         self.returns.append(node)
 
+    def visit_Raise(self, node: cst.Raise) -> None:
+        self.raises.append(node)
+
+    def visit_Yield(self, node: cst.Yield) -> None:
+        self.yields.append(node)  # reported as S2S104
+
 
 class _BodyChecker(cst.CSTVisitor):
     """Find returns, generators, scope statements and escapes of backward."""
 
-    def __init__(self, forward: cst.FunctionDef, backward: str, loc: Locator) -> None:
+    def __init__(
+        self,
+        forward: cst.FunctionDef,
+        backward: str,
+        closing: cst.Return | None,
+        loc: Locator,
+    ) -> None:
         self.loc = loc
+        self.name = forward.name.value
         self.backward = backward
-        self.final = final_return(forward)
-        pair = returned_pair(forward)
-        # The def's own name and the final `return result, backward` are the only
-        # places backward's name may appear.
+        self.final = closing
+        self.dead_code = closing is not None and closing is not final_return(forward)
+        # The def's own name and the direct elements of the final return are the
+        # only places backward's name may appear.
         self.allowed: set[cst.CSTNode] = {d.name for d in nested_defs(forward)}
-        if pair is not None:
-            self.allowed.add(pair[1])
+        if closing is not None:
+            self.allowed.update(_returned_values(closing))
         self.found: list[Diagnostic] = []
-        self.function_depth = 0
-        self.loop_depth = 0
+        self.early_returns = 0
+        self.escapes = 0
+        self.stack: list[cst.CSTNode] = []
+        self.functions: list[str] = []
+        self.blocks: list[str] = []
         self.in_final = False
+        self.in_rejected_return = False
+        # Inside `async def` (already reported), `await` and friends are not news.
+        self.async_depth = 1 if forward.asynchronous is not None else 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.stack.append(node)
+        block = _BLOCKS.get(type(node))
+        if block is not None and not self.functions:
+            self.blocks.append(block)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if type(original_node) in _BLOCKS and not self.functions:
+            self.blocks.pop()
+        self.stack.pop()
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if node.asynchronous is not None:
             self.found.append(
-                self.loc.error("S2S104", node, "`async def` is not supported here")
+                self.loc.error(
+                    "S2S104",
+                    node,
+                    f"`async def {node.name.value}` is not supported in a "
+                    "differentiator",
+                    "remove `async`; autograd calls backward synchronously",
+                )
             )
-        self.function_depth += 1
+        self.functions.append(node.name.value)
+        self.async_depth += node.asynchronous is not None
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        self.function_depth -= 1
+        self.functions.pop()
+        self.async_depth -= original_node.asynchronous is not None
 
     def visit_Lambda(self, node: cst.Lambda) -> None:
-        self.function_depth += 1
+        self.functions.append("<lambda>")
 
     def leave_Lambda(self, original_node: cst.Lambda) -> None:
-        self.function_depth -= 1
+        self.functions.pop()
 
     def visit_For(self, node: cst.For) -> None:
-        if node.asynchronous is not None:
+        if node.asynchronous is not None and not self.async_depth:
             self.found.append(
                 self.loc.error("S2S104", node, "`async for` is not supported")
             )
-        self.loop_depth += 1
-
-    def leave_For(self, original_node: cst.For) -> None:
-        self.loop_depth -= 1
-
-    def visit_While(self, node: cst.While) -> None:
-        self.loop_depth += 1
-
-    def leave_While(self, original_node: cst.While) -> None:
-        self.loop_depth -= 1
 
     def visit_With(self, node: cst.With) -> None:
-        if node.asynchronous is not None:
+        if node.asynchronous is not None and not self.async_depth:
             self.found.append(
                 self.loc.error("S2S104", node, "`async with` is not supported")
             )
 
     def visit_Return(self, node: cst.Return) -> None:
-        if self.function_depth > 0:
+        if self.functions:
             return
         if node is self.final:
             self.in_final = True
+            if self.dead_code:
+                self.found.append(
+                    self.loc.error(
+                        "S2S101",
+                        node,
+                        f"return before the end of `{self.name}`: the statements "
+                        "after it never run",
+                        f"make `return result, {self.backward}` the last statement",
+                    )
+                )
             return
-        where = "inside a loop" if self.loop_depth else "before the end of the function"
+        self.early_returns += 1
+        self.in_rejected_return = True
+        loops = [b for b in self.blocks if b.endswith("loop")]
+        blocks = loops or self.blocks
+        where = blocks[-1] if blocks else "the middle of the function"
         self.found.append(
             self.loc.error(
                 "S2S101",
                 node,
-                f"return {where}: a differentiator returns once, at the end",
-                "compute the result in a variable and return it with backward at the end",
+                f"early return inside {where}: a differentiator returns once, at "
+                "the end",
+                "assign the result to a variable and return it with backward at "
+                "the end",
             )
         )
 
     def leave_Return(self, original_node: cst.Return) -> None:
-        if original_node is self.final:
+        if not self.functions:
             self.in_final = False
+            self.in_rejected_return = False
 
     def visit_Yield(self, node: cst.Yield) -> None:
         self.found.append(
             self.loc.error(
-                "S2S104", node, "`yield` is not supported in a differentiator"
+                "S2S104",
+                node,
+                "`yield` is not supported in a differentiator",
+                "compute the values eagerly; a differentiator cannot be a generator",
             )
         )
 
     def visit_Await(self, node: cst.Await) -> None:
+        if self.async_depth:
+            return
         self.found.append(
             self.loc.error(
                 "S2S104", node, "`await` is not supported in a differentiator"
@@ -320,18 +674,68 @@ class _BodyChecker(cst.CSTVisitor):
         )
 
     def visit_Name(self, node: cst.Name) -> None:
-        if node.value != self.backward or node in self.allowed:
+        if (
+            node.value != self.backward
+            or node in self.allowed
+            or self.in_rejected_return
+        ):
             return
-        what = (
-            "returned more than once"
-            if self.in_final
-            else "used before the final return"
-        )
-        self.found.append(
-            self.loc.error(
-                "S2S105",
-                node,
-                f"`{self.backward}` is {what}",
-                f"do not call, store or pass backward; end with `return result, {self.backward}`",
+        self.escapes += 1
+        message, hint = self._escape(node)
+        self.found.append(self.loc.error("S2S105", node, message, hint))
+
+    def _escape(self, node: cst.Name) -> tuple[str, str]:
+        """Say how backward's name is used, for an S2S105 diagnostic."""
+        bw = f"`{self.backward}`"
+        only = f"backward may leave forward only as `return result, {self.backward}`"
+        parent = self.stack[-2] if len(self.stack) > 1 else None
+        grandparent = self.stack[-3] if len(self.stack) > 2 else None
+        code = cst.Module([]).code_for_node
+        if self.in_final:
+            return (
+                f"{bw} is returned more than once",
+                f"return it once, as the second element: "
+                f"`return result, {self.backward}`",
             )
-        )
+        if self.backward in self.functions:
+            return (
+                f"{bw} refers to itself",
+                "backward cannot call itself; move the recursive part into a "
+                "module-level helper",
+            )
+        if self.functions:
+            return (
+                f"{bw} is used inside the nested function `{self.functions[-1]}`",
+                only,
+            )
+        if isinstance(parent, cst.Call) and parent.func is node:
+            return (
+                f"{bw} is called inside forward",
+                "forward must not run backward; autograd calls it when gradients "
+                "are needed",
+            )
+        if isinstance(parent, cst.Arg) and isinstance(grandparent, cst.Call):
+            return f"{bw} is passed to `{code(grandparent.func)}`", only
+        if _is_target(node, parent):
+            return (
+                f"{bw} is rebound",
+                "define backward once and return it unchanged",
+            )
+        if isinstance(parent, cst.Assign) and parent.value is node:
+            targets = ", ".join(code(t.target) for t in parent.targets)
+            return (
+                f"{bw} is stored in `{targets}`",
+                f"return {bw} itself: `return result, {self.backward}`",
+            )
+        return f"{bw} is used before the final return", only
+
+
+def _is_target(node: cst.Name, parent: cst.CSTNode | None) -> bool:
+    """Tell whether `node` is bound (assigned, deleted, loop target) by `parent`."""
+    if isinstance(parent, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)):
+        return parent.target is node
+    if isinstance(parent, (cst.For, cst.CompFor)):
+        return parent.target is node
+    if isinstance(parent, (cst.Del, cst.AsName, cst.NamedExpr)):
+        return True
+    return False

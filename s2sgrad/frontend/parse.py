@@ -3,15 +3,23 @@
 Takes source text and a display path; returns a `ParsedModule` whose differentiators
 passed every check of the input language, or raises `TransformError` with all the
 diagnostics found (every differentiator is checked, so one run reports every problem).
+The source is first compiled by Python itself (S2S001 uses Python's messages); the
+libcst analysis then costs time in the size of the differentiators, not of the module.
 """
 
 from __future__ import annotations
 
+import ast
+import codecs
 import re
+import warnings
+from collections.abc import Iterable
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import (
+    CodePosition,
+    CodeRange,
     GlobalScope,
     MetadataWrapper,
     ParentNodeProvider,
@@ -22,38 +30,150 @@ from libcst.metadata import (
 
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import checks
-from s2sgrad.frontend.locate import Locator
+from s2sgrad.frontend.locate import Locator, line_text, split_lines
 from s2sgrad.frontend.model import Differentiator, Param, ParsedModule
 from s2sgrad.frontend.scopes import ScopeAnalysis, global_name
 
 _PRAGMA = re.compile(r"#\s*s2sgrad:\s*([A-Za-z_-]+)\s*=\s*([A-Za-z0-9_.-]+)")
+_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.MULTILINE)
 
 
 def decode_source(data: bytes, path: str) -> str:
-    """Decode UTF-8 source bytes, or raise a located S2S002 diagnostic."""
+    """Decode UTF-8 source bytes (a UTF-8 BOM is dropped), or raise S2S002.
+
+    The diagnostic points at the first invalid byte, counting columns in characters,
+    and shows its line with the undecodable bytes replaced by U+FFFD.
+    """
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        before = data[: exc.start]
-        line = before.count(b"\n") + 1
-        column = exc.start - (before.rfind(b"\n") + 1) + 1
+        before = split_lines(data[: exc.start].decode("utf-8") + "\n")
+        line_start = exc.start - len(before[-1].encode("utf-8"))
+        text = split_lines(data[line_start:].decode("utf-8", errors="replace"))[0]
         message = f"source is not valid UTF-8 (byte 0x{data[exc.start]:02x})"
-        raise TransformError(
-            [
-                Diagnostic(
-                    "S2S002", message, path, line, column, "", "save the file as UTF-8"
-                )
-            ]
-        ) from None
+        diagnostic = Diagnostic(
+            "S2S002",
+            message,
+            path,
+            len(before),
+            len(before[-1]) + 1,
+            text,
+            _encoding_hint(data),
+        )
+        raise TransformError([diagnostic]) from None
+
+
+def _encoding_hint(data: bytes) -> str:
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "the file looks like UTF-16; save it as UTF-8"
+    cookie = _CODING.search(b"\n".join(data.splitlines()[:2]))
+    if cookie is not None:
+        declared = cookie.group(1).decode("ascii", errors="replace")
+        if declared.lower().replace("_", "-") not in ("utf-8", "utf8"):
+            return (
+                f"the file declares the encoding `{declared}`, but s2sgrad reads "
+                "only UTF-8: save it as UTF-8 and drop the coding line"
+            )
+    return "save the file as UTF-8"
+
+
+def check_syntax(source: str, path: str) -> ast.Module:
+    """Compile `source` as Python would, and report a syntax error as S2S001.
+
+    libcst accepts some programs CPython rejects (`return` outside a function,
+    duplicate parameters, `await` outside `async def`); the generated module imports
+    the source module, so whatever CPython rejects is rejected here first, with
+    CPython's message. Returns Python's syntax tree (its line numbers are cheap).
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = compile(
+                source, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True
+            )
+            assert isinstance(tree, ast.Module)
+            compile(tree, path, "exec", dont_inherit=True)
+            return tree
+    except SyntaxError as exc:
+        raise TransformError([_syntax_error(exc, source, path)]) from None
+    except ValueError:  # null bytes, before Python 3.12
+        raise TransformError([_null_byte(source, path)]) from None
+    except (RecursionError, MemoryError):
+        raise TransformError([too_deep(source, path)]) from None
+
+
+def _syntax_error(exc: SyntaxError, source: str, path: str) -> Diagnostic:
+    if exc.lineno is None:
+        return _null_byte(source, path)
+    text = line_text(split_lines(source), exc.lineno)
+    column = exc.offset or 1
+    if exc.text is None:
+        # Errors found after parsing (symbol table, compiler) count UTF-8 bytes.
+        prefix = text.encode("utf-8")[: column - 1]
+        column = len(prefix.decode("utf-8", errors="ignore")) + 1
+    kind = "syntax error"
+    if isinstance(exc, IndentationError):
+        kind = "indentation error"
+        column = len(text) - len(text.lstrip(" \t\f")) + 1
+    column = max(1, min(column, len(text) + 1))
+    return Diagnostic("S2S001", f"{kind}: {exc.msg}", path, exc.lineno, column, text)
+
+
+def _null_byte(source: str, path: str) -> Diagnostic:
+    offset = max(source.find("\0"), 0)
+    before = split_lines(source[:offset] + "\n")
+    return Diagnostic(
+        "S2S001",
+        "syntax error: the source contains a null byte",
+        path,
+        len(before),
+        len(before[-1]) + 1,
+        line_text(split_lines(source), len(before)),
+        "remove it; a file with null bytes is binary or not UTF-8 text (UTF-16?)",
+    )
+
+
+def too_deep(source: str, path: str) -> Diagnostic:
+    """Diagnose source nested too deeply for the analysis, at its deepest statement."""
+    line, column = _deepest(source)
+    return Diagnostic(
+        "S2S118",
+        "this statement is nested too deeply for s2sgrad to analyse",
+        path,
+        line,
+        column,
+        line_text(split_lines(source), line),
+        "split the expression into several statements with intermediate names",
+    )
+
+
+def _deepest(source: str) -> tuple[int, int]:
+    """Return (line, column) of the statement holding the most deeply nested node."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return 1, 1
+    best = (0, 1, 1)
+    stack: list[tuple[ast.AST, int, tuple[int, int]]] = [(tree, 0, (1, 1))]
+    while stack:
+        node, depth, where = stack.pop()
+        if isinstance(node, ast.stmt):
+            where = (node.lineno, node.col_offset + 1)
+        if depth > best[0]:
+            best = (depth, *where)
+        stack.extend((child, depth + 1, where) for child in ast.iter_child_nodes(node))
+    return best[1], best[2]
 
 
 def parse(source: str, path: str) -> ParsedModule:
     """Parse `source` and return its checked differentiators."""
+    tree = check_syntax(source, path)
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        lines = source.splitlines()
-        text = lines[exc.editor_line - 1] if 0 < exc.editor_line <= len(lines) else ""
+        text = line_text(split_lines(source), exc.editor_line)
         message = exc.message.removeprefix("parser error: ")
         raise TransformError(
             [
@@ -67,27 +187,50 @@ def parse(source: str, path: str) -> ParsedModule:
                 )
             ]
         ) from None
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    positions = wrapper.resolve(PositionProvider)
-    scopes = wrapper.resolve(ScopeProvider)
+    try:
+        return _parse_module(module, source, path, tree)
+    except Exception as exc:
+        # libcst's visitors recurse once per nesting level; a RecursionError may
+        # also surface as another exception raised while handling it.
+        if not _from_recursion(exc):
+            raise
+        raise TransformError([too_deep(source, path)]) from None
+
+
+def _from_recursion(exc: BaseException | None) -> bool:
+    seen = 0
+    while exc is not None and seen < 20:
+        if isinstance(exc, RecursionError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def _parse_module(
+    module: cst.Module, source: str, path: str, tree: ast.Module
+) -> ParsedModule:
+    """Check every top-level function; build records for the differentiators.
+
+    Work is proportional to the differentiators, not to the module: positions are
+    computed per function, only for those that need one, and scopes on a skeleton
+    of the module where other functions and module-level values are stubbed out.
+    """
+    positions = _Positions(module, tree)
     loc = Locator(path, source, positions)
-    analysis = ScopeAnalysis(
-        scopes, wrapper.resolve(ParentNodeProvider), positions, loc
-    )
-    qualified = _qualified_names(wrapper)
-    global_scope = next(s for s in scopes.values() if isinstance(s, GlobalScope))
     found: list[Diagnostic] = []
-    records: list[Differentiator] = []
+    pending: list[tuple[cst.FunctionDef, str]] = []
+    seen: dict[str, cst.FunctionDef] = {}
     for stmt in module.body:
         if not isinstance(stmt, cst.FunctionDef):
             continue
-        if checks.is_lambda_backward(stmt):
-            pair = checks.returned_pair(stmt)
-            assert pair is not None
+        positions.defer(stmt)
+        lam = checks.lambda_backward(stmt)
+        if lam is not None:
             found.append(
                 loc.error(
                     "S2S109",
-                    pair[1],
+                    lam,
                     "backward must be a nested `def`, not a lambda",
                     "write `def backward(grad): ...` and return its name",
                 )
@@ -95,11 +238,30 @@ def parse(source: str, path: str) -> ParsedModule:
             continue
         bname = checks.backward_name(stmt)
         if bname is None:
+            found += checks.check_nested_backward(stmt, loc)
             continue
         problems = checks.check_structure(stmt, bname, loc)
+        first = seen.setdefault(stmt.name.value, stmt)
+        if first is not stmt:
+            problems.append(_defined_twice(stmt, first, positions, loc))
         if problems:
             found += problems
             continue
+        positions.compute(stmt)
+        pending.append((stmt, bname))
+    wrapper = MetadataWrapper(
+        _skeleton(module, {f for f, _ in pending}, source), unsafe_skip_copy=True
+    )
+    # One batched pass computes every provider the name analysis reads.
+    wrapper.resolve_many([ScopeProvider, ParentNodeProvider, QualifiedNameProvider])
+    scopes = wrapper.resolve(ScopeProvider)
+    analysis = ScopeAnalysis(
+        scopes, wrapper.resolve(ParentNodeProvider), positions, loc
+    )
+    qualified = _qualified_names(wrapper)
+    global_scope = next(s for s in scopes.values() if isinstance(s, GlobalScope))
+    records: list[Differentiator] = []
+    for stmt, bname in pending:
         record, problems = _build(stmt, bname, analysis, loc, qualified)
         found += problems
         if record is not None:
@@ -113,6 +275,140 @@ def parse(source: str, path: str) -> ParsedModule:
     return ParsedModule(
         path, source, module, tuple(records), globals_, _bound(global_scope)
     )
+
+
+def _defined_twice(
+    again: cst.FunctionDef, first: cst.FunctionDef, positions: _Positions, loc: Locator
+) -> Diagnostic:
+    name = again.name.value
+    line = positions.def_lines[first]
+    return loc.error(
+        "S2S119",
+        again,
+        f"differentiator `{name}` is defined more than once (first on line {line})",
+        "rename one of them, or delete the one that is not meant (Python keeps the "
+        "last one)",
+    )
+
+
+class _Positions(dict[cst.CSTNode, CodeRange]):
+    """Source positions of the nodes of the top-level functions that need them.
+
+    Each function is laid out alone (libcst's PositionProvider on a one-function
+    module) and shifted to the line Python's own parser gives its `def`, so the
+    cost is in the size of the functions looked at, not of the module.
+    `defer(f)` makes a lookup that misses compute `f`'s positions.
+    """
+
+    def __init__(self, module: cst.Module, tree: ast.Module) -> None:
+        super().__init__()
+        self.module = module
+        functions = [s for s in module.body if isinstance(s, cst.FunctionDef)]
+        lines = [
+            node.lineno
+            for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
+        assert len(functions) == len(lines), "libcst and ast disagree on functions"
+        self.def_lines: dict[cst.FunctionDef, int] = dict(
+            zip(functions, lines, strict=True)
+        )
+        self.deferred: cst.FunctionDef | None = None
+        self.done: set[cst.FunctionDef] = set()
+
+    def defer(self, function: cst.FunctionDef) -> None:
+        self.deferred = function
+
+    def compute(self, function: cst.FunctionDef) -> None:
+        if function in self.done:
+            return
+        self.done.add(function)
+        mini = cst.Module(
+            body=[function],
+            default_indent=self.module.default_indent,
+            default_newline=self.module.default_newline,
+        )
+        local = MetadataWrapper(mini, unsafe_skip_copy=True).resolve(PositionProvider)
+        shift = self.def_lines[function] - local[function.name].start.line
+        for node, where in local.items():
+            if node is not mini:
+                self[node] = CodeRange(
+                    CodePosition(where.start.line + shift, where.start.column),
+                    CodePosition(where.end.line + shift, where.end.column),
+                )
+
+    def __missing__(self, node: cst.CSTNode) -> CodeRange:
+        if self.deferred is None or self.deferred in self.done:
+            raise KeyError(node)
+        self.compute(self.deferred)
+        return self[node]
+
+
+def _skeleton(
+    module: cst.Module, keep: set[cst.FunctionDef], source: str
+) -> cst.Module:
+    """The module reduced to `keep`, its imports and its module-level names.
+
+    Scopes and qualified names inside the kept functions are the same as in the
+    whole module: they depend on which module-level names exist and on what the
+    imports bind, not on other functions' bodies or on module-level values. Each run
+    of other statements becomes one `a = b = ... = ...` binding the same names, in
+    the same place relative to the kept statements.
+    """
+    body: list[cst.BaseStatement] = []
+    names: list[str] = []
+    for stmt in module.body:
+        bound = None if stmt in keep else _bound_names(stmt)
+        if bound is None:
+            body += _binding(names)
+            names = []
+            body.append(stmt)
+        else:
+            names += bound
+    # `global X` inside a function binds a module-level X too.
+    for declared in _GLOBAL.findall(source):
+        names += [n for n in re.split(r"[\s,]+", declared) if n.isidentifier()]
+    body += _binding(names)
+    return module.with_changes(body=body)
+
+
+_GLOBAL = re.compile(r"^[ \t]*global[ \t]+([\w \t,]+)", re.MULTILINE)
+
+
+def _binding(names: list[str]) -> list[cst.SimpleStatementLine]:
+    if not names:
+        return []
+    targets = [cst.AssignTarget(cst.Name(n)) for n in dict.fromkeys(names)]
+    return [cst.SimpleStatementLine([cst.Assign(targets, cst.Ellipsis())])]
+
+
+def _bound_names(stmt: cst.BaseStatement) -> list[str] | None:
+    """The module-level names `stmt` binds, or None when it must be kept whole
+    (imports, compound statements)."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return [stmt.name.value]
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return None
+    names: list[str] = []
+    for small in stmt.body:
+        if isinstance(small, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+            return None
+        if isinstance(small, cst.Assign):
+            for target in small.targets:
+                names += _target_names(target.target)
+        elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+            names += _target_names(small.target)
+    return names
+
+
+def _target_names(target: cst.BaseExpression) -> list[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _target_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []
 
 
 def _bound(scope: GlobalScope) -> frozenset[str]:
@@ -155,11 +451,18 @@ def _build(
     body = list(forward.body.body)
     if forward.get_docstring(clean=False) is not None:
         body = body[1:]
-    statements = tuple(s for s in body[:-1] if s is not backward)
+    statements = tuple(
+        s for s in body[:-1] if s is not backward and isinstance(s, cst.BaseStatement)
+    )
     grads = tuple(
         p.name.value for p in (*backward.params.posonly_params, *backward.params.params)
     )
-    params = _params(forward, backward)
+    # Walk only this function's nodes: a pass over the whole module per
+    # differentiator would make large modules quadratic.
+    walk = _collect(forward)
+    nodes = walk.nodes
+    returns = [n for n in walk.inside(backward) if isinstance(n, cst.Return)]
+    params = _params(forward, returns)
     first = loc.line_of(forward)
     last = analysis.positions[forward].end.line
     record = Differentiator(
@@ -177,32 +480,54 @@ def _build(
         first_line=first,
         last_line=last,
         backward_line=loc.line_of(backward),
-        returns_bare_none=_returns_bare_none(backward),
+        returns_bare_none=_returns_bare_none(returns),
         globals_used=facts.globals_used,
         local_names=facts.local_names | {p.name for p in params},
-        qualified_names={
-            k: v for k, v in qualified.items() if _inside(analysis, k, first, last)
-        },
+        qualified_names={n: qualified[n] for n in nodes if n in qualified},
         statement_lines={
-            node: pos.start.line
-            for node, pos in analysis.positions.items()
-            if isinstance(node, cst.BaseStatement) and first <= pos.start.line <= last
+            n: analysis.positions[n].start.line
+            for n in nodes
+            if isinstance(n, cst.BaseStatement) and n in analysis.positions
         },
-        pragmas=_pragmas(forward),
+        pragmas=_pragmas(n for n in nodes if isinstance(n, cst.Comment)),
     )
     return record, []
 
 
-def _inside(analysis: ScopeAnalysis, node: cst.CSTNode, first: int, last: int) -> bool:
-    pos = analysis.positions.get(node)
-    return pos is not None and first <= pos.start.line <= last
+class _Collect(cst.CSTVisitor):
+    """Every node of a subtree in source order, and where each function's nodes are."""
+
+    def __init__(self) -> None:
+        self.nodes: list[cst.CSTNode] = []
+        self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.FunctionDef):
+            self.spans[node] = (len(self.nodes), -1)
+        self.nodes.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if isinstance(original_node, cst.FunctionDef):
+            self.spans[original_node] = (self.spans[original_node][0], len(self.nodes))
+
+    def inside(self, function: cst.FunctionDef) -> list[cst.CSTNode]:
+        start, end = self.spans[function]
+        return self.nodes[start:end]
 
 
-def _params(forward: cst.FunctionDef, backward: cst.FunctionDef) -> tuple[Param, ...]:
+def _collect(root: cst.CSTNode) -> _Collect:
+    """Walk `root`'s subtree once, `root` included."""
+    collect = _Collect()
+    root.visit(collect)
+    return collect
+
+
+def _params(forward: cst.FunctionDef, returns: list[cst.Return]) -> tuple[Param, ...]:
     p = forward.params
     ordered = [(x, False) for x in (*p.posonly_params, *p.params)]
     ordered += [(x, True) for x in p.kwonly_params]
-    slots = _gradient_slots(backward, len(ordered))
+    slots = _gradient_slots(returns, len(ordered))
     code = cst.Module([]).code_for_node
     return tuple(
         Param(
@@ -216,11 +541,10 @@ def _params(forward: cst.FunctionDef, backward: cst.FunctionDef) -> tuple[Param,
     )
 
 
-def _gradient_slots(backward: cst.FunctionDef, n: int) -> list[bool]:
+def _gradient_slots(returns: list[cst.Return], n: int) -> list[bool]:
     """Tell, per forward parameter, whether some return of backward may give a gradient."""
     slots = [False] * n
-    for ret in m.findall(backward.body, m.Return()):
-        assert isinstance(ret, cst.Return)
+    for ret in returns:
         value = ret.value
         if value is None or m.matches(value, m.Name("None")):
             continue
@@ -233,19 +557,14 @@ def _gradient_slots(backward: cst.FunctionDef, n: int) -> list[bool]:
     return slots
 
 
-def _returns_bare_none(backward: cst.FunctionDef) -> bool:
-    return any(
-        isinstance(r, cst.Return)
-        and (r.value is None or m.matches(r.value, m.Name("None")))
-        for r in m.findall(backward.body, m.Return())
-    )
+def _returns_bare_none(returns: list[cst.Return]) -> bool:
+    return any(r.value is None or m.matches(r.value, m.Name("None")) for r in returns)
 
 
-def _pragmas(forward: cst.FunctionDef) -> dict[str, str]:
+def _pragmas(comments: Iterable[cst.Comment]) -> dict[str, str]:
     """Read `# s2sgrad: key=value` comments above the def and inside it."""
     found: dict[str, str] = {}
-    for comment in m.findall(forward, m.Comment()):
-        assert isinstance(comment, cst.Comment)
+    for comment in comments:
         for key, value in _PRAGMA.findall(comment.value):
             found[key] = value
     return found

@@ -8,14 +8,20 @@ and diagnostics for undefined names and for mutation of captured values.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import builtins
+import difflib
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import (
+    Access,
+    Assignment,
+    BaseAssignment,
     BuiltinScope,
     CodeRange,
+    FunctionScope,
     GlobalScope,
     ImportAssignment,
     Scope,
@@ -55,23 +61,53 @@ class ScopeAnalysis:
         self.positions = positions
         self.loc = loc
         self.all_scopes = {s for s in scopes.values() if s is not None}
+        # Indexes built once, so that each differentiator costs time in its own size
+        # rather than in the size of the module.
+        self.by_node: dict[cst.CSTNode, Scope] = {}
+        self.children: dict[Scope, list[Scope]] = {}
+        for scope in self.all_scopes:
+            node = getattr(scope, "node", None)
+            if node is not None and not isinstance(scope, GlobalScope):
+                self.by_node[node] = scope
+            if scope.parent is not scope:
+                self.children.setdefault(scope.parent, []).append(scope)
+        self.global_scope = next(
+            s for s in self.all_scopes if isinstance(s, GlobalScope)
+        )
+        #: Module-level names bound by imports (`torch`, `F`): calls through them are
+        #: library functions, so `torch.relu_(t)` mutates its argument `t`.
+        self.imported = frozenset(
+            a.name
+            for a in self.global_scope.assignments
+            if isinstance(a, ImportAssignment)
+        )
+        self._accesses: dict[cst.CSTNode, Access] | None = None
+
+    def _access_of(self, node: cst.Name) -> Access | None:
+        """The access recorded for this very node (`scope.accesses[node]` would give
+        every access of the same name in the scope)."""
+        if self._accesses is None:
+            self._accesses = {
+                a.node: a
+                for scope in self.all_scopes
+                if isinstance(scope, GlobalScope)
+                for a in scope.accesses
+            }
+        return self._accesses.get(node)
 
     def scope_of(self, function: cst.FunctionDef) -> Scope:
-        for scope in self.all_scopes:
-            if getattr(scope, "node", None) is function:
-                return scope
-        raise AssertionError(f"no scope for {function.name.value}")
+        scope = self.by_node.get(function)
+        if scope is None:
+            raise AssertionError(f"no scope for {function.name.value}")
+        return scope
 
     def _within(self, root: Scope) -> Iterator[Scope]:
-        for scope in self.all_scopes:
-            walk: Scope | None = scope
-            while walk is not None and not isinstance(
-                walk, (GlobalScope, BuiltinScope)
-            ):
-                if walk is root:
-                    yield scope
-                    break
-                walk = walk.parent
+        """Yield `root` and every scope nested in it."""
+        stack = [root]
+        while stack:
+            scope = stack.pop()
+            yield scope
+            stack.extend(self.children.get(scope, ()))
 
     def analyse(
         self, forward: cst.FunctionDef, backward: cst.FunctionDef
@@ -92,8 +128,12 @@ class ScopeAnalysis:
                     continue
                 names.add(node.value)
                 referents = access.referents
+                unbound = self._read_before_assignment(node, scope, referents)
+                if unbound is not None:
+                    found.append(unbound)
+                    continue
                 if not referents:
-                    found.append(self._undefined(node))
+                    found.append(self._undefined(node, scope))
                     continue
                 if scope in backward_scopes and any(
                     r.scope is fscope for r in referents
@@ -102,21 +142,28 @@ class ScopeAnalysis:
                 if any(isinstance(r.scope, GlobalScope) for r in referents):
                     globals_used.setdefault(node.value, self._pos(node))
         for node in _signature_names(forward):
-            scope = self.scopes.get(node)
-            if scope is None:
+            outer = self.scopes.get(node)
+            read = self._access_of(node)
+            if outer is None or read is None:
                 continue
-            for access in scope.accesses[node]:
-                if not access.referents:
-                    found.append(self._undefined(node))
-                elif any(isinstance(r.scope, GlobalScope) for r in access.referents):
-                    globals_used.setdefault(node.value, self._pos(node))
+            if not read.referents:
+                found.append(self._undefined(node, outer))
+            elif any(isinstance(r.scope, GlobalScope) for r in read.referents):
+                globals_used.setdefault(node.value, self._pos(node))
         captures = tuple(
             Capture(name, tuple(sorted(u, key=lambda use: self._pos(use.name))))
             for name, u in sorted(
                 uses.items(), key=lambda kv: min(self._pos(x.name) for x in kv[1])
             )
         )
-        found += self._mutations(forward, backward, captures)
+        finder = _MutationFinder(
+            {c.name for c in captures} | {p.name.value for p in _all_params(forward)},
+            backward,
+            self.imported,
+        )
+        forward.body.visit(finder)
+        found += self._augmented_before_assignment(finder.augmented)
+        found += self._mutations(forward, finder.hits, captures)
         found.sort(key=lambda d: (d.line, d.column))
         ordered_globals = tuple(sorted(globals_used, key=lambda n: globals_used[n]))
         return ScopeFacts(captures, ordered_globals, frozenset(names), tuple(found))
@@ -129,13 +176,117 @@ class ScopeAnalysis:
         start = self.positions[node].start
         return (start.line, start.column)
 
-    def _undefined(self, node: cst.Name) -> Diagnostic:
-        return self.loc.error(
-            "S2S112",
-            node,
-            f"undefined name `{node.value}`",
-            "define or import it at module level",
+    def _undefined(self, node: cst.Name, scope: Scope) -> Diagnostic:
+        hint = "define or import it at module level"
+        close = difflib.get_close_matches(
+            node.value, sorted(self._visible(scope)), n=1, cutoff=0.75
         )
+        if close:
+            hint = f"did you mean `{close[0]}`?"
+        return self.loc.error("S2S112", node, f"undefined name `{node.value}`", hint)
+
+    def _visible(self, scope: Scope) -> set[str]:
+        """Names a read in `scope` may refer to: enclosing bindings and builtins."""
+        names = set(dir(builtins))
+        walk: Scope | None = scope
+        while walk is not None and not isinstance(walk, BuiltinScope):
+            names.update(a.name for a in walk.assignments)
+            walk = None if walk.parent is walk else walk.parent
+        return names
+
+    def _local_lines(self, scope: Scope, name: str) -> list[int]:
+        """Lines where function `scope` itself binds `name` (empty: not local)."""
+        if not isinstance(scope, FunctionScope):
+            return []
+        return sorted(
+            self.positions[a.node].start.line
+            for a in scope.assignments[name]
+            if isinstance(a, Assignment) and a.node in self.positions
+        )
+
+    def _read_before_assignment(
+        self,
+        node: cst.Name,
+        scope: Scope,
+        referents: Collection[BaseAssignment],
+    ) -> Diagnostic | None:
+        """Diagnose a read of a local name that comes before any local binding.
+
+        Python decides per function which names are local: one assignment anywhere
+        in a function makes the name local everywhere in it. libcst resolves a read
+        that comes before the first local assignment to the enclosing function (or
+        to nothing); at run time Python raises UnboundLocalError there instead.
+        """
+        lines = self._local_lines(scope, node.value)
+        if not lines or any(r.scope is scope for r in referents):
+            return None
+        return self._unbound(node, node.value, scope, lines[0], bool(referents))
+
+    def _augmented_before_assignment(
+        self, augmented: list[cst.AugAssign]
+    ) -> list[Diagnostic]:
+        """Diagnose `t += ...` where `t` has no earlier binding in its function."""
+        found = []
+        for aug in augmented:
+            assert isinstance(aug.target, cst.Name)
+            scope = self.scopes.get(aug.target)
+            if not isinstance(scope, FunctionScope):
+                continue
+            name = aug.target.value
+            here = self._pos(aug)
+            earlier = [
+                a
+                for a in scope.assignments[name]
+                if isinstance(a, Assignment)
+                and a.node in self.positions
+                and self._pos(a.node) < here
+            ]
+            if earlier:
+                continue
+            if name in self._visible(scope.parent):
+                found.append(self._rebinds_enclosing(aug, name, scope))
+            else:
+                found.append(self._unbound(aug.target, name, scope, here[0], False))
+        return found
+
+    def _rebinds_enclosing(
+        self, aug: cst.AugAssign, name: str, scope: Scope
+    ) -> Diagnostic:
+        """Diagnose `t += ...` on a name of the enclosing function (no nonlocal)."""
+        op = _code(aug.operator).strip()
+        owner = getattr(getattr(scope, "node", None), "name", None)
+        where = f"`{owner.value}`" if isinstance(owner, cst.Name) else "the function"
+        return self.loc.error(
+            "S2S117",
+            aug.target,
+            f"`{name} {op} ...` assigns `{name}` in {where}, which makes it local to "
+            f"{where}, so it has no value yet: Python raises UnboundLocalError",
+            f"bind a new name (`{name}_new = {name} {op[:-1]} ...`): backward must "
+            "not rebind or mutate forward's variables",
+        )
+
+    def _unbound(
+        self, node: cst.Name, name: str, scope: Scope, line: int, outer: bool
+    ) -> Diagnostic:
+        owner = getattr(getattr(scope, "node", None), "name", None)
+        where = f"`{owner.value}`" if isinstance(owner, cst.Name) else "the function"
+        if outer:
+            message = (
+                f"`{name}` is read here, but {where} assigns `{name}` (line {line}), "
+                f"which makes it local to {where}: Python raises UnboundLocalError "
+                f"instead of reading the enclosing function's `{name}`"
+            )
+            hint = (
+                f"give the new value another name (`{name}_new = ...`): backward "
+                "must not rebind forward's variables"
+            )
+        else:
+            message = (
+                f"`{name}` is read before it is assigned (line {line}): "
+                "Python raises UnboundLocalError"
+            )
+            hint = f"assign `{name}` before this line"
+        return self.loc.error("S2S117", node, message, hint)
 
     def _use(self, name: cst.Name) -> Use:
         """Classify one read of a captured name: the value, or only its metadata."""
@@ -160,27 +311,23 @@ class ScopeAnalysis:
     def _mutations(
         self,
         forward: cst.FunctionDef,
-        backward: cst.FunctionDef,
+        hits: list[_Hit],
         captures: tuple[Capture, ...],
     ) -> list[Diagnostic]:
         """Diagnose in-place writes to captured values, in backward or after capture."""
         captured = {c.name for c in captures}
         params = {p.name.value for p in _all_params(forward)}
         found = []
-        finder = _MutationFinder(captured | params, backward)
-        forward.body.visit(finder)
-        for node, name, in_backward in finder.hits:
-            if in_backward and name not in captured:
+        for hit in hits:
+            if hit.name not in captured and (hit.in_backward or hit.kind == "del"):
                 continue
-            what = "a captured value" if name in captured else "an input"
-            found.append(
-                self.loc.error(
-                    "S2S103",
-                    node,
-                    f"in-place mutation of {what}: `{name}`",
-                    "use the out-of-place form (`x.add(y)` instead of `x.add_(y)`)",
-                )
+            what = (
+                f"the input `{hit.name}`"
+                if hit.name in params and not hit.in_backward
+                else f"the captured value `{hit.name}`"
             )
+            message, hint = _describe(hit, what)
+            found.append(self.loc.error("S2S103", hit.node, message, hint))
         return found
 
 
@@ -212,14 +359,112 @@ def _signature_names(function: cst.FunctionDef) -> Iterator[cst.Name]:
             yield name
 
 
-class _MutationFinder(cst.CSTVisitor):
-    """Find in-place method calls, item/attribute stores and `out=` on given names."""
+@dataclass(frozen=True)
+class _Hit:
+    """One in-place write found by `_MutationFinder`."""
 
-    def __init__(self, names: set[str], backward: cst.FunctionDef) -> None:
+    node: cst.CSTNode  # where the caret goes
+    name: str  # the variable whose value changes
+    in_backward: bool
+    #: method (`t.add_()`), function (`torch.relu_(t)`), inplace (`inplace=True`),
+    #: container (`calls.append(x)`, in backward),
+    #: out (`out=t`), store (`t[0] = 0`, `t.data = ...`, `t[0] += 1`, `del t[0]`)
+    #: or del (`del t`).
+    kind: str
+    #: The code that mutates, as written: `t.add_`, `torch.relu_`, `t[0]`.
+    code: str
+
+
+#: Methods that change a list, dict or set in place (tensors have none of them).
+_CONTAINER_MUTATORS = frozenset(
+    {
+        "append",
+        "extend",
+        "insert",
+        "pop",
+        "remove",
+        "clear",
+        "update",
+        "setdefault",
+        "popitem",
+        "discard",
+        "reverse",
+    }
+)
+
+#: Out-of-place forms that are not the in-place name without its underscore.
+_OUT_OF_PLACE = {
+    "zero_": "`torch.zeros_like({})`",
+    "fill_": "`torch.full_like({}, value)`",
+    "copy_": "the source tensor itself (or its `.clone()`)",
+    "requires_grad_": "a detached copy, `{}.detach()`,",
+}
+
+
+def _describe(hit: _Hit, what: str) -> tuple[str, str]:
+    """Return the message and the hint for one in-place write."""
+    name = hit.name
+    if hit.kind == "function" and hit.code.count(".") > 1:
+        # `nn.init.zeros_(w)` and the like have no out-of-place twin.
+        return (
+            f"`{hit.code}(...)` mutates {what} in place",
+            f"apply it to a copy instead (`{name}_new = {name}.clone()`)",
+        )
+    if hit.kind in ("method", "function"):
+        method = hit.code.rsplit(".", 1)[-1]
+        special = _OUT_OF_PLACE.get(method)
+        plain = special.format(name) if special else f"`{hit.code[:-1]}(...)`"
+        return (
+            f"`{hit.code}(...)` mutates {what} in place",
+            f"use {plain} instead and bind the result to a new name",
+        )
+    if hit.kind == "container":
+        return (
+            f"`{hit.code}(...)` changes {what} in place",
+            f"build a new value instead (`{name}_new = [*{name}, item]`, "
+            f"`{{**{name}, key: value}}`): backward must not change forward's values",
+        )
+    if hit.kind == "inplace":
+        return (
+            f"`{hit.code}(..., inplace=True)` mutates {what} in place",
+            "drop `inplace=True` and bind the result to a new name",
+        )
+    if hit.kind == "out":
+        return (
+            f"`out={hit.code}` writes the result into {what}",
+            "drop `out=` and bind the result to a new name",
+        )
+    if hit.kind == "del" and hit.in_backward:
+        return (
+            f"`del {name}` makes `{name}` local to backward, so backward cannot "
+            f"read {what}: Python raises UnboundLocalError",
+            f"remove `del {name}`",
+        )
+    if hit.kind == "del":
+        return (
+            f"`del {name}` deletes {what}, which backward reads when it runs",
+            f"remove `del {name}`",
+        )
+    return (
+        f"`{hit.code}` changes {what} in place",
+        f"change a copy instead (`{name}_new = {name}.clone()`), or build the new "
+        "value out of place (`torch.where`, `index_put`, `scatter`)",
+    )
+
+
+class _MutationFinder(cst.CSTVisitor):
+    """Find in-place calls, item/attribute stores, `del` and `out=` on given names."""
+
+    def __init__(
+        self, names: set[str], backward: cst.FunctionDef, imported: frozenset[str]
+    ) -> None:
         self.names = names
         self.backward = backward
+        self.imported = imported
         self.depth_in_backward = 0
-        self.hits: list[tuple[cst.CSTNode, str, bool]] = []
+        self.hits: list[_Hit] = []
+        #: `name += ...` statements, for the read-before-assignment check.
+        self.augmented: list[cst.AugAssign] = []
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if node is self.backward:
@@ -229,34 +474,83 @@ class _MutationFinder(cst.CSTVisitor):
         if original_node is self.backward:
             self.depth_in_backward -= 1
 
-    def _hit(self, node: cst.CSTNode, target: cst.BaseExpression) -> None:
-        base = target
-        while isinstance(base, (cst.Subscript, cst.Attribute)):
-            base = base.value
-        if isinstance(base, cst.Name) and base.value in self.names:
-            self.hits.append((node, base.value, self.depth_in_backward > 0))
+    def _hit(
+        self,
+        node: cst.CSTNode,
+        target: cst.BaseExpression,
+        kind: str,
+        code: str | None = None,
+    ) -> None:
+        base = _base_name(target)
+        if base is not None and base in self.names:
+            shown = code if code is not None else _code(target)
+            self.hits.append(_Hit(node, base, self.depth_in_backward > 0, kind, shown))
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
+        positional = [a for a in node.args if a.keyword is None and not a.star]
         if isinstance(func, cst.Attribute):
             attr = func.attr.value
             if attr.endswith("_") and not attr.startswith("_"):
-                self._hit(node, func.value)
+                if _base_name(func.value) in self.imported:
+                    # `torch.relu_(t)`, `nn.init.zeros_(w)`: the first argument.
+                    if positional:
+                        self._hit(node, positional[0].value, "function", _code(func))
+                else:
+                    self._hit(node, func.value, "method", _code(func))
+            elif attr in _CONTAINER_MUTATORS and self.depth_in_backward:
+                # Building a list in forward is fine (backward sees the final
+                # value, as saved); changing it in backward is not.
+                self._hit(node, func.value, "container", _code(func))
         for arg in node.args:
-            if arg.keyword is not None and arg.keyword.value == "out":
-                self._hit(node, arg.value)
+            if arg.keyword is None:
+                continue
+            if arg.keyword.value == "out":
+                self._hit(arg, arg.value, "out")
+            elif (
+                arg.keyword.value == "inplace"
+                and m.matches(arg.value, m.Name("True"))
+                and positional
+            ):
+                self._hit(arg, positional[0].value, "inplace", _code(func))
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             for element in _flatten(target.target):
                 if isinstance(element, (cst.Subscript, cst.Attribute)):
-                    self._hit(node, element)
+                    self._hit(element, element, "store", f"{_code(element)} = ...")
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if isinstance(node.target, (cst.Subscript, cst.Attribute)):
+            code = f"{_code(node.target)} = ..."
+            self._hit(node.target, node.target, "store", code)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if isinstance(node.target, cst.Name):
+            self.augmented.append(node)
         if isinstance(node.target, (cst.Subscript, cst.Attribute)):
-            self._hit(node, node.target)
-        elif self.depth_in_backward and isinstance(node.target, cst.Name):
-            self._hit(node, node.target)
+            op = _code(node.operator).strip()
+            code = f"{_code(node.target)} {op} ..."
+            self._hit(node.target, node.target, "store", code)
+
+    def visit_Del(self, node: cst.Del) -> None:
+        for element in _flatten(node.target):
+            if isinstance(element, cst.Name):
+                self._hit(node, element, "del")
+            elif isinstance(element, (cst.Subscript, cst.Attribute)):
+                self._hit(node, element, "store", f"del {_code(element)}")
+
+
+def _base_name(target: cst.BaseExpression) -> str | None:
+    """Return `t` for `t`, `t[0]`, `t.data`, `t.data[0]`; None for other targets."""
+    base = target
+    while isinstance(base, (cst.Subscript, cst.Attribute)):
+        base = base.value
+    return base.value if isinstance(base, cst.Name) else None
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
 
 
 def _flatten(target: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
@@ -270,12 +564,17 @@ def _flatten(target: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
 def global_name(name: str, scope: GlobalScope) -> GlobalName:
     """Describe how the generated module gets a module-level `name`."""
     codes = []
-    for assignment in sorted(scope.assignments[name], key=lambda a: _node_key(a.node)):
+    for assignment in sorted(scope.assignments[name], key=_assignment_key):
         if isinstance(assignment, ImportAssignment):
             codes.append(_import_code(name, assignment.node))
         else:
             return GlobalName(name, None)
     return GlobalName(name, "\n".join(dict.fromkeys(c for c in codes if c)))
+
+
+def _assignment_key(assignment: BaseAssignment) -> str:
+    node = getattr(assignment, "node", None)
+    return _node_key(node) if isinstance(node, cst.CSTNode) else assignment.name
 
 
 def _node_key(node: cst.CSTNode) -> str:

@@ -1,0 +1,9 @@
+# expect: S2S106 8:5
+import torch
+
+
+def square(x: torch.Tensor):
+    """x ** 2."""
+    out = x * x
+    def backward(grad):
+        return 2 * grad * x
