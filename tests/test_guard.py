@@ -1,0 +1,48 @@
+"""The generated-code guard: a codegen bug is an internal error, never a written file."""
+
+import subprocess
+import sys
+
+import pytest
+
+from s2sgrad.codegen.guard import GeneratedCodeError, check_generated
+
+GOOD = "import torch\n\n\ndef f(x):\n    return torch.exp(x)\n"
+
+
+def test_sound_module_passes():
+    check_generated(GOOD, 88)
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("def f(:\n", "does not compile"),
+        ("import torch\ndef f(x):  return x\n", "not stable under black"),
+        ("def f(x):\n    return torch.exp(x)\n", "undefined names: torch"),
+        ("def f():\n    return [y for y in range(3)] + zz\n", "undefined names: zz"),
+    ],
+)
+def test_broken_module_is_caught(text, why):
+    with pytest.raises(GeneratedCodeError, match=why):
+        check_generated(text, 88)
+
+
+def test_guard_failure_exits_123_and_writes_nothing(tmp_path):
+    (tmp_path / "ops.py").write_text(
+        "import torch\n\n\ndef sq(x):\n    def backward(grad):\n        return 2.0 * grad * x\n"
+        "    return x * x, backward\n"
+    )
+    (tmp_path / "ops_grad.py").write_text("sentinel\n")
+    script = (
+        "import sys\n"
+        "import s2sgrad.codegen as codegen\n"
+        "codegen.format_code = lambda text, n: text + 'undefined_name_from_a_bug\\n'\n"
+        "from s2sgrad.cli import main\n"
+        "sys.exit(main(['convert', 'ops.py']))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 123, run.stderr
+    assert "bug in s2sgrad" in run.stderr and "GeneratedCodeError" in run.stderr
+    assert (tmp_path / "ops_grad.py").read_text() == "sentinel\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.py", "ops_grad.py"]
