@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.resources
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import libcst as cst
@@ -118,6 +118,45 @@ def _table(module: cst.Module, name: str) -> dict[str, str]:
     return table
 
 
+class _LazyRules(Mapping[str, Rule]):
+    """Rules by qualified name, each parsed the first time it is asked for.
+
+    A conversion needs a handful of the rules; parsing one rule runs the frontend on that
+    function alone, so start-up cost follows the rules used, not the size of rules.py.
+    """
+
+    def __init__(self, module: cst.Module, header: str) -> None:
+        self.functions = {
+            s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)
+        }
+        self.names = _table(module, "RULES")
+        self.varargs = _table(module, "VARARGS")
+        self.header = header
+        self.built: dict[str, Rule] = {}
+
+    def _rule(self, name: str) -> Rule:
+        if name not in self.built:
+            source = self.header + cst.Module([]).code_for_node(self.functions[name])
+            (diff,) = parse(source, f"s2sgrad/autodiff/rules.py:{name}").differentiators
+            rule = rule_from(diff)
+            if rule is None:
+                raise AssertionError(f"rule {name} does not follow the rule format")
+            self.built[name] = rule
+        return self.built[name]
+
+    def __getitem__(self, qualified: str) -> Rule:
+        rule = self._rule(self.names[qualified])
+        if qualified in self.varargs:
+            rule = dataclasses.replace(rule, varargs=self.varargs[qualified])
+        return rule
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
 @functools.cache
 def builtin_registry() -> Registry:
     """Return the rules shipped in `s2sgrad/autodiff/rules.py`, by qualified name."""
@@ -126,18 +165,11 @@ def builtin_registry() -> Registry:
         .joinpath("rules.py")
         .read_text("utf-8")
     )
-    parsed = parse(source, "s2sgrad/autodiff/rules.py")
-    by_name = {}
-    for diff in parsed.differentiators:
-        rule = rule_from(diff)
-        if rule is None:
-            raise AssertionError(f"rule {diff.name} does not follow the rule format")
-        by_name[diff.name] = rule
-    varargs = _table(parsed.module, "VARARGS")
-    rules = {}
-    for qualified, name in _table(parsed.module, "RULES").items():
-        rule = by_name[name]
-        if qualified in varargs:
-            rule = dataclasses.replace(rule, varargs=varargs[qualified])
-        rules[qualified] = rule
-    return Registry(rules)
+    module = cst.parse_module(source)
+    imports = [
+        s
+        for s in module.body
+        if m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))
+    ]
+    header = "".join(cst.Module([]).code_for_node(s) for s in imports)
+    return Registry(_LazyRules(module, header))
