@@ -76,14 +76,17 @@ def emit(
     names = Names.of(lifted.source.name)
     recompute = lifted.gradients.recompute if lifted.gradients else None
     body = backward_body(lifted)
-    definitions = [
+    definitions: list[cst.BaseStatement] = [
         forward_def(lifted, names, path),
         *([recompute_def(lifted, recompute, path)] if recompute else []),
         backward_def(lifted, names, path, body),
     ]
-    rename = _SiblingCalls({s: Names.of(s).forward for s in siblings})
+    called = set(siblings) & set(lifted.source.globals_used)
+    if called:
+        rename = _SiblingCalls({s: Names.of(s).forward for s in called})
+        definitions = [as_statement(d.visit(rename)) for d in definitions]
     return [
-        *(as_statement(d.visit(rename)) for d in definitions),
+        *definitions,
         function_class(lifted, names, body.needs),
         op_def(lifted, names),
     ]
