@@ -44,3 +44,85 @@ def as_compound_or_line(
 def code(node: cst.CSTNode) -> str:
     """Return the source text of one node."""
     return cst.Module([]).code_for_node(node)
+
+
+def bound_target(target: cst.BaseExpression) -> set[str]:
+    """Return the names an assignment target binds (`a`, `a, (b, *c)`)."""
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(bound_target(e.value) for e in target.elements))
+    if isinstance(target, cst.StarredElement):
+        return bound_target(target.value)
+    return set()
+
+
+class _Binds(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.names |= bound_target(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.names |= bound_target(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.names |= bound_target(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self.names |= bound_target(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self.names |= bound_target(node.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.names |= bound_target(node.target)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.names.add(node.name.value)
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.names.add(node.name.value)
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def visit_CompFor(self, node: cst.CompFor) -> bool:
+        return False
+
+
+def bound(node: cst.CSTNode) -> set[str]:
+    """Return the names a statement binds (not inside nested functions)."""
+    visitor = _Binds()
+    node.visit(visitor)
+    return visitor.names
+
+
+class NameRewriter(cst.CSTTransformer):
+    """Rewrite the names an expression reads, never `.attr` names or `keyword=` names.
+
+    Subclasses implement `rewrite(name)`: the replacement expression, or None to keep it.
+    """
+
+    def rewrite(self, name: str) -> cst.BaseExpression | None:
+        raise NotImplementedError
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False  # leave_Attribute rewrites the value, never `.attr`
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.Attribute:
+        return updated_node.with_changes(value=original_node.value.visit(self))
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+    def leave_Name(
+        self, original_node: cst.Name, updated_node: cst.Name
+    ) -> cst.BaseExpression:
+        replacement = self.rewrite(original_node.value)
+        return updated_node if replacement is None else replacement

@@ -17,6 +17,7 @@ from typing import Literal
 import libcst as cst
 import libcst.matchers as m
 
+from s2sgrad.cst import bound
 from s2sgrad.frontend.model import Capture, Differentiator, Use
 from s2sgrad.names import NameAllocator
 from s2sgrad.options import Options
@@ -24,7 +25,7 @@ from s2sgrad.values import Value, forward_values
 
 Kind = Literal["input", "output", "temporary", "constant", "metadata"]
 
-_METADATA_CODE = {
+METADATA_CODE = {
     "shape": "{}.shape",
     "dim": "{}.dim()",
     "dtype": "{}.dtype",
@@ -158,12 +159,11 @@ def result_names(diff: Differentiator, names: NameAllocator) -> tuple[str, ...]:
     if len(returns) == 1 and statements and m.matches(statements[-1], final):
         value = returns[0].value  # type: ignore[attr-defined]
         items = value.elements if isinstance(value, cst.Tuple) else [cst.Element(value)]
-        assigned = _Assigned()
-        body.visit(assigned)
+        assigned = bound(body)
         if len(items) == len(chosen):
             for i, item in enumerate(items):
                 name = item.value.value if isinstance(item.value, cst.Name) else None
-                if name in assigned.names and name not in chosen:
+                if name in assigned and name not in chosen:
                     chosen[i] = name
     return tuple(
         c or names.fresh(f"grad_{p.name}")
@@ -173,16 +173,30 @@ def result_names(diff: Differentiator, names: NameAllocator) -> tuple[str, ...]:
 
 #: Tensor methods that may return the very object they are called on.
 MAY_RETURN_SELF = {
-    "to", "type", "type_as", "contiguous", "float", "double", "half", "bfloat16", "cpu",
-    "cuda", "requires_grad_", "as_subclass",
+    "to",
+    "type",
+    "type_as",
+    "contiguous",
+    "float",
+    "double",
+    "half",
+    "bfloat16",
+    "cpu",
+    "cuda",
+    "requires_grad_",
+    "as_subclass",
 }
 
 
 def may_alias(diff: Differentiator, name: str) -> bool:
     """Tell whether some binding of `name` in forward may be another name's object."""
-    self_call = m.Call(func=m.Attribute(attr=m.OneOf(*(m.Name(n) for n in MAY_RETURN_SELF))))
+    self_call = m.Call(
+        func=m.Attribute(attr=m.OneOf(*(m.Name(n) for n in MAY_RETURN_SELF)))
+    )
     for statement in diff.statements:
-        for assign in m.findall(statement, m.Assign(targets=[m.AssignTarget(m.Name(name))])):
+        for assign in m.findall(
+            statement, m.Assign(targets=[m.AssignTarget(m.Name(name))])
+        ):
             assert isinstance(assign, cst.Assign)
             if m.matches(assign.value, m.Name() | self_call):
                 return True
@@ -230,7 +244,7 @@ def _metadata_entries(
         assert use.metadata is not None
         if use.metadata not in given:
             given[use.metadata] = names.fresh(f"{capture.name}_{use.metadata}")
-            code = _METADATA_CODE[use.metadata].format(capture.name)
+            code = METADATA_CODE[use.metadata].format(capture.name)
             saved = Saved(
                 given[use.metadata],
                 capture.name,
@@ -254,46 +268,7 @@ def _metadata_read(name: str, use: Use) -> cst.BaseExpression:
 
 def rebound_names(diff: Differentiator) -> set[str]:
     """Names assigned anywhere in forward's own statements."""
-    finder = _Assigned()
-    for statement in diff.statements:
-        statement.visit(finder)
-    return finder.names
-
-
-class _Assigned(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._add(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._add(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._add(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self._add(node.target)
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self._add(node.name)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._add(node.target)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        self.names.add(node.name.value)
-        return False
-
-    def _add(self, target: cst.BaseExpression) -> None:
-        if isinstance(target, cst.Name):
-            self.names.add(target.value)
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._add(element.value)
-        elif isinstance(target, cst.StarredElement):
-            self._add(target.value)
+    return set().union(*(bound(statement) for statement in diff.statements))
 
 
 class _Replace(cst.CSTTransformer):

@@ -71,14 +71,8 @@ _SCALAR_METHODS = {
     "get_device",
     "ndimension",
 }
-_CONST_METHODS = {
-    "detach",
-    "long",
-    "int",
-    "bool",
-    "byte",
-    "short",
-    "char",
+#: Ops whose results carry no gradient: comparisons, indices, masks (method or function).
+_NO_GRADIENT = {
     "argmax",
     "argmin",
     "argsort",
@@ -96,6 +90,15 @@ _CONST_METHODS = {
     "logical_or",
     "logical_not",
     "logical_xor",
+}
+_CONST_METHODS = _NO_GRADIENT | {
+    "detach",
+    "long",
+    "int",
+    "bool",
+    "byte",
+    "short",
+    "char",
     "new_zeros",
     "new_ones",
     "new_empty",
@@ -104,7 +107,7 @@ _CONST_METHODS = {
     "zero_",
 }
 _VIEW_ATTRIBUTES = {"T", "mT", "H", "mH", "real", "imag"}
-_CONST_TORCH = {
+_CONST_TORCH = _NO_GRADIENT | {
     "zeros",
     "ones",
     "empty",
@@ -126,23 +129,6 @@ _CONST_TORCH = {
     "rand_like",
     "randn_like",
     "randint_like",
-    "argmax",
-    "argmin",
-    "argsort",
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "isnan",
-    "isinf",
-    "isfinite",
-    "nonzero",
-    "logical_and",
-    "logical_or",
-    "logical_not",
-    "logical_xor",
     "tril_indices",
     "triu_indices",
     "bernoulli",
@@ -183,12 +169,19 @@ _SCALAR_BUILTINS = {
     "hasattr",
     "type",
 }
-#: Methods and functions returning (values, indices): only the values carry a gradient.
 #: Calls that return a tuple of tensors.
 SEQUENCE_RESULTS = {
-    "split", "chunk", "unbind", "tensor_split", "hsplit", "vsplit", "dsplit", "meshgrid",
+    "split",
+    "chunk",
+    "unbind",
+    "tensor_split",
+    "hsplit",
+    "vsplit",
+    "dsplit",
+    "meshgrid",
     "broadcast_tensors",
 }
+#: Methods and functions returning (values, indices): only the values carry a gradient.
 VALUES_INDICES = {
     "max",
     "min",

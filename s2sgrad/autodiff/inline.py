@@ -20,7 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad.autodiff.registry import Rule
-from s2sgrad.cst import as_expression, as_statement, statements
+from s2sgrad.cst import NameRewriter, as_expression, as_statement, statements
 from s2sgrad.names import NameAllocator
 
 _ATOMS = (
@@ -83,28 +83,14 @@ def bound_names(nodes: Sequence[cst.CSTNode]) -> set[str]:
     return set().union(*(_names(node)[1] for node in nodes))
 
 
-class _Substitute(cst.CSTTransformer):
-    """Replace names by expressions, leaving attribute and keyword names alone."""
+class _Substitute(NameRewriter):
+    """Replace names by expressions."""
 
     def __init__(self, mapping: Mapping[str, cst.BaseExpression]) -> None:
         self.mapping = mapping
 
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        return False  # leave_Attribute substitutes in the value, never in `.attr`
-
-    def leave_Attribute(
-        self, original_node: cst.Attribute, updated_node: cst.Attribute
-    ) -> cst.Attribute:
-        return updated_node.with_changes(value=original_node.value.visit(self))
-
-    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
-        return updated_node.with_changes(keyword=original_node.keyword)
-
-    def leave_Name(
-        self, original_node: cst.Name, updated_node: cst.Name
-    ) -> cst.BaseExpression:
-        replacement = self.mapping.get(original_node.value)
-        return updated_node if replacement is None else replacement
+    def rewrite(self, name: str) -> cst.BaseExpression | None:
+        return self.mapping.get(name)
 
 
 def substitute(

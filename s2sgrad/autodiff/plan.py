@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import libcst as cst
 import libcst.matchers as m
 
-from s2sgrad.autodiff.program import Assign, Program, Version, bound, build
+from s2sgrad.autodiff.program import Assign, Branch, Program, Step, Version, build
 from s2sgrad.autodiff.registry import builtin_registry
 from s2sgrad.autodiff.vjp import (
     Generator,
@@ -25,9 +25,10 @@ from s2sgrad.autodiff.vjp import (
     placeholder_version,
     slice_of,
 )
-from s2sgrad.cst import as_expression, as_statement
+from s2sgrad.cst import as_expression, as_statement, bound
 from s2sgrad.frontend.model import METADATA_ATTRIBUTES, METADATA_METHODS, Differentiator
 from s2sgrad.lift import (
+    METADATA_CODE,
     Gradients,
     Kind,
     Lifted,
@@ -38,14 +39,6 @@ from s2sgrad.lift import (
 )
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Options
-
-_METADATA_CODE = {
-    "shape": "{}.shape",
-    "dim": "{}.dim()",
-    "dtype": "{}.dtype",
-    "device": "{}.device",
-    "numel": "{}.numel()",
-}
 
 
 class _Reads(cst.CSTVisitor):
@@ -338,7 +331,7 @@ class Planner:
                     for kind in sorted(k for k in wanted if k is not None):
                         snap = names.fresh(f"{source}_{kind}")
                         ctx.snapshots.setdefault(version.top, []).append(
-                            (snap, _METADATA_CODE[kind].format(version.name))
+                            (snap, METADATA_CODE[kind].format(version.name))
                         )
                         ctx.entries.append(
                             Saved(
@@ -398,7 +391,7 @@ class Planner:
     def _meta_entry(
         self, source: str, kind: str, ctx: _Context, names: NameAllocator
     ) -> str:
-        code = _METADATA_CODE[kind].format(source)
+        code = METADATA_CODE[kind].format(source)
         for saved in ctx.entries:
             if saved.kind == "metadata" and saved.expression == code:
                 return saved.name
@@ -514,9 +507,7 @@ def _out_of_place(
     return statement.with_changes(body=body)
 
 
-def _assigns(steps: Sequence[object]) -> list[Assign]:
-    from s2sgrad.autodiff.program import Branch
-
+def _assigns(steps: Sequence[Step]) -> list[Assign]:
     found: list[Assign] = []
     for step in steps:
         if isinstance(step, Assign):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 
-from s2sgrad.cst import statements
+from s2sgrad.cst import bound, bound_target, statements
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.values import Evaluator, Value, param_value
 
@@ -298,64 +298,10 @@ class _Builder:
             return steps
         created = [
             self.new(n, Value(None, True), top, in_branch)
-            for n in sorted(_bound_target(target))
+            for n in sorted(bound_target(target))
         ]
         env.update({v.name: v for v in created})
         return [Opaque(created, line, "unpacking a value that is not a tuple literal")]
-
-
-def _bound_target(target: cst.BaseExpression) -> set[str]:
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return set().union(*(_bound_target(e.value) for e in target.elements))
-    if isinstance(target, cst.StarredElement):
-        return _bound_target(target.value)
-    return set()
-
-
-class _Binds(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self.names |= _bound_target(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self.names |= _bound_target(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self.names |= _bound_target(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self.names |= _bound_target(node.target)
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self.names |= _bound_target(node.name)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self.names |= _bound_target(node.target)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        self.names.add(node.name.value)
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self.names.add(node.name.value)
-        return False
-
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
-        return False
-
-    def visit_CompFor(self, node: cst.CompFor) -> bool:
-        return False
-
-
-def bound(node: cst.CSTNode) -> set[str]:
-    """Return the names a statement binds (not inside nested functions)."""
-    visitor = _Binds()
-    node.visit(visitor)
-    return visitor.names
 
 
 def first_of(call: cst.BaseExpression) -> cst.Subscript:

@@ -20,7 +20,7 @@ import libcst.matchers as m
 from s2sgrad.autodiff.inline import inline, parenthesize, rule_reads
 from s2sgrad.autodiff.program import Assign, Branch, Opaque, Program, Step, Version
 from s2sgrad.autodiff.registry import Registry, Rule
-from s2sgrad.cst import as_compound_or_line, as_expression
+from s2sgrad.cst import NameRewriter, as_compound_or_line, as_expression
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.names import NameAllocator
 from s2sgrad.values import SEQUENCE_RESULTS, VALUES_INDICES, Evaluator, Value
@@ -58,7 +58,7 @@ def placeholder_version(node: cst.CSTNode) -> int | None:
     return None
 
 
-class _Placeholders(cst.CSTTransformer):
+class _Placeholders(NameRewriter):
     """Replace reads of forward names with placeholders of the versions live there."""
 
     def __init__(
@@ -75,25 +75,12 @@ class _Placeholders(cst.CSTTransformer):
             return placeholder(version)
         return super().on_leave(original_node, updated_node)  # type: ignore[return-value]
 
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        return False
-
-    def leave_Attribute(
-        self, original_node: cst.Attribute, updated_node: cst.Attribute
-    ) -> cst.Attribute:
-        return updated_node.with_changes(value=original_node.value.visit(self))
-
-    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
-        return updated_node.with_changes(keyword=original_node.keyword)
-
     def visit_Lambda(self, node: cst.Lambda) -> bool:
         return False
 
-    def leave_Name(
-        self, original_node: cst.Name, updated_node: cst.Name
-    ) -> cst.BaseExpression:
-        version = self.env.get(original_node.value)
-        return updated_node if version is None else placeholder(version)
+    def rewrite(self, name: str) -> cst.BaseExpression | None:
+        version = self.env.get(name)
+        return None if version is None else placeholder(version)
 
 
 def slice_of(program: Program, roots: set[int]) -> set[int]:
@@ -545,7 +532,11 @@ def _returns_sequence(node: cst.BaseExpression) -> bool:
     if not isinstance(node, cst.Call):
         return False
     func = node.func
-    name = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", "")
+    name = (
+        func.attr.value
+        if isinstance(func, cst.Attribute)
+        else getattr(func, "value", "")
+    )
     return name in SEQUENCE_RESULTS or (name in VALUES_INDICES and bool(node.args))
 
 
