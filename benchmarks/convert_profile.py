@@ -1,0 +1,100 @@
+"""Where `s2sgrad convert` spends its time, stage by stage, on the synthetic module.
+
+    python benchmarks/convert_profile.py [N]      # N differentiators (default 240)
+
+Runs the same pipeline as the CLI (`s2sgrad.pipeline.convert`) in this fresh process,
+with timers wrapped around its stages: importing s2sgrad, parsing s2sgrad's own rule
+module (`builtin_registry`, once per process), parsing the user module, lifting,
+differentiating (VJP planning), code emission, and each `black.format_str` call (the
+formatting itself and the fixed-point check in `codegen/guard.py`). CPU seconds
+(`time.process_time`), so that other load on the machine does not count.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+TOTALS: dict[str, float] = defaultdict(float)
+COUNTS: dict[str, int] = defaultdict(int)
+
+
+def timed(name: str, fn):  # type: ignore[no-untyped-def]
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        start = time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            TOTALS[name] += time.process_time() - start
+            COUNTS[name] += 1
+
+    return wrapper
+
+
+def main(n: int) -> None:
+    start = time.process_time()
+    import s2sgrad.cli  # noqa: F401  (what the CLI imports)
+    from s2sgrad import pipeline
+    from s2sgrad.autodiff import plan, registry
+    from s2sgrad.codegen import fmt, guard
+
+    import_s = time.process_time() - start
+
+    from benchmarks.convert_speed import synthetic_module
+    from s2sgrad.header import Origin
+    from s2sgrad.options import Options
+
+    registry.builtin_registry.cache_clear()
+    plan.builtin_registry = timed(
+        "parse s2sgrad's rules (builtin_registry)", registry.builtin_registry
+    )
+    pipeline.parse = timed("parse user module", pipeline.parse)
+    pipeline.lift = timed("lift", pipeline.lift)
+    pipeline.differentiate = timed(
+        "differentiate (incl. rules parse)", pipeline.differentiate
+    )
+    pipeline.generate = timed("generate (incl. black)", pipeline.generate)
+    import s2sgrad.codegen as codegen
+
+    codegen.format_code = timed("black: format generated code", fmt.format_code)
+    guard.format_code = timed("black: guard re-format check", fmt.format_code)
+
+    source = synthetic_module(n)
+    lines = len(source.splitlines())
+    origin = _origin(Origin)
+    start = time.process_time()
+    text = pipeline.convert(source, origin, Options())
+    total = time.process_time() - start
+    print(
+        f"{n} differentiators, {lines} source lines -> {len(text.splitlines())} generated lines"
+    )
+    print(f"  import s2sgrad.cli                           {import_s:7.2f} s")
+    print(
+        f"  convert (in process, after import)          {total:7.2f} s  "
+        f"= {lines / total:.0f} lines/s"
+    )
+    for name, seconds in TOTALS.items():
+        print(f"    {name:<42} {seconds:7.2f} s  ({COUNTS[name]} calls)")
+
+
+def _origin(Origin):  # type: ignore[no-untyped-def]
+    """An Origin for a top-level module `synthetic_ops` (fields vary between versions)."""
+    import dataclasses
+    import inspect
+
+    values = {"display_path": "synthetic_ops.py", "module_name": "synthetic_ops"}
+    if dataclasses.is_dataclass(Origin):
+        fields = {f.name for f in dataclasses.fields(Origin)}
+    else:
+        fields = set(inspect.signature(Origin).parameters)
+    return Origin(**{k: v for k, v in values.items() if k in fields})
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 240)

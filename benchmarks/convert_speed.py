@@ -1,0 +1,169 @@
+"""Tool speed: `s2sgrad convert` throughput on a generated module, in a fresh process.
+
+`synthetic_module(n)` writes `n` differentiators by cycling through a few templates with
+varied names and constants; every one has a temporary that backward captures (so each is
+lifted, promoted and gets generated VJP code). `measure` times
+`python -m s2sgrad convert FILE -o DIR` in a new interpreter each time (cold: nothing of
+s2sgrad is imported yet; Python's bytecode cache is in its normal state) and also the
+bare start-up (`python -c "import s2sgrad.cli"`) so the report can show both.
+
+Run directly for a quick look: `python benchmarks/convert_speed.py [N]`.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HEADER = '''"""Synthetic differentiators for the s2sgrad convert benchmark (generated)."""
+import torch
+
+'''
+
+TEMPLATES = [
+    '''
+def tanh_gate_{i}(x: torch.Tensor, y: torch.Tensor):
+    """tanh({c} * x) * y; backward reads the temporary t."""
+    t = torch.tanh(x * {c})
+    def backward(grad):
+        return grad * y * (1 - t * t) * {c}, grad * t
+    return t * y, backward
+''',
+    '''
+def sq_dist_{i}(x: torch.Tensor, y: torch.Tensor, scale: float = {c}):
+    """scale * ||x - y||^2; backward reads the difference d."""
+    d = x - y
+    def backward(grad):
+        g = 2.0 * scale * grad * d
+        return g, -g, None
+    return scale * (d * d).sum(), backward
+''',
+    '''
+def exp_scale_{i}(x: torch.Tensor, w: torch.Tensor):
+    """exp(x) * w; backward reads e = exp(x)."""
+    e = torch.exp(x)
+    def backward(grad):
+        return grad * w * e, (grad * e).sum_to_size(w.shape)
+    return e * w, backward
+''',
+    '''
+def swish_{i}(x: torch.Tensor, *, beta: float = {c}):
+    """x * sigmoid(beta * x); backward reads s."""
+    s = torch.sigmoid(beta * x)
+    def backward(grad):
+        return grad * (s + beta * x * s * (1 - s)), None
+    return x * s, backward
+''',
+    '''
+def rms_{i}(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6):
+    """RMS norm; backward reads rstd and x_hat."""
+    rstd = torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+    x_hat = x * rstd
+    def backward(grad):
+        g = grad * weight
+        grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
+        return grad_x, (grad * x_hat).sum_to_size(weight.shape), None
+    return x_hat * weight, backward
+''',
+    '''
+def affine_tanh_{i}(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
+    """tanh(x @ w + b); backward reads the activation a."""
+    a = torch.tanh(x @ w + b)
+    def backward(grad):
+        grad_h = grad * (1 - a * a)
+        return grad_h @ w.t(), x.t() @ grad_h, grad_h.sum(0)
+    return a * {c}, backward
+''',
+]
+
+
+def synthetic_module(n: int) -> str:
+    """Source text of a module with `n` differentiators, each with a captured temporary."""
+    parts = [HEADER]
+    for i in range(n):
+        template = TEMPLATES[i % len(TEMPLATES)]
+        parts.append(template.format(i=i, c=round(0.5 + (i % 7) * 0.25, 2)))
+    return "\n".join(parts)
+
+
+def _run(cmd: list[str], cwd: Path) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of running cmd to completion."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}"
+        )
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu
+
+
+def measure(
+    n: int = 240, repeats: int = 3, budget_s: float = 120.0
+) -> dict[str, float]:
+    """Time cold conversions of a synthetic module of `n` differentiators.
+
+    Runs `repeats` conversions, or fewer once they have taken `budget_s` in all.
+    """
+    with tempfile.TemporaryDirectory(prefix="s2sgrad-bench-") as tmp:
+        root = Path(tmp)
+        source = root / "synthetic_ops.py"
+        source.write_text(synthetic_module(n))
+        lines = len(source.read_text().splitlines())
+        convert_times, convert_cpu, startup_times, startup_cpu = [], [], [], []
+        for k in range(repeats):
+            out = root / f"out{k}"
+            wall, cpu = _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "s2sgrad",
+                    "convert",
+                    str(source),
+                    "-o",
+                    str(out),
+                ],
+                root,
+            )
+            convert_times.append(wall)
+            convert_cpu.append(cpu)
+            produced = list(out.rglob("*_grad.py"))
+            if len(produced) != 1:
+                raise RuntimeError(f"convert wrote {produced}, expected one *_grad.py")
+            wall, cpu = _run([sys.executable, "-c", "import s2sgrad.cli"], root)
+            startup_times.append(wall)
+            startup_cpu.append(cpu)
+            if sum(convert_times) > budget_s:
+                break
+        generated_lines = len(produced[0].read_text().splitlines())
+    wall = statistics.median(convert_times)
+    startup = statistics.median(startup_times)
+    cpu = statistics.median(convert_cpu)
+    cpu_startup = statistics.median(startup_cpu)
+    return {
+        "differentiators": n,
+        "source_lines": lines,
+        "generated_lines": generated_lines,
+        "wall_s": wall,
+        "startup_s": startup,
+        "lines_per_s": lines / wall,
+        "lines_per_s_excluding_startup": lines / max(wall - startup, 1e-9),
+        "cpu_s": cpu,
+        "startup_cpu_s": cpu_startup,
+        "lines_per_cpu_s": lines / cpu,
+        "repeats": len(convert_times),
+    }
+
+
+if __name__ == "__main__":
+    result = measure(int(sys.argv[1]) if len(sys.argv) > 1 else 240)
+    for key, value in result.items():
+        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
