@@ -185,6 +185,9 @@ MAY_RETURN_SELF = {
     "cuda",
     "requires_grad_",
     "as_subclass",
+    "sum_to_size",
+    "flatten",
+    "ravel",
 }
 
 

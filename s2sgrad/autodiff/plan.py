@@ -19,6 +19,7 @@ import libcst.matchers as m
 from s2sgrad.autodiff.program import Assign, Branch, Program, Step, Version, build
 from s2sgrad.autodiff.registry import builtin_registry
 from s2sgrad.autodiff.vjp import (
+    ACCUMULATE,
     Generator,
     NoRule,
     Sibling,
@@ -278,11 +279,21 @@ class Planner:
             replace(s, promoted=True) if s.kind == "temporary" else s
             for s in ctx.entries
         ]
-        incoming = tuple(
-            (s.name, attempt.generator.accumulator(self.by_id[ctx.versions[s.name]]))
-            for s in entries
-            if s.promoted
-        )
+        incoming_list: list[tuple[str, str]] = []
+        for saved in (s for s in entries if s.promoted):
+            accumulator = attempt.generator.accumulator(
+                self.by_id[ctx.versions[saved.name]]
+            )
+            if accumulator in results:
+                # A promoted snapshot of a parameter (`a_0 = a` before `a = a * 2`): its
+                # gradient is the parameter's, so it is added to the result, under its
+                # own name (the result variable starts at None).
+                keyword = names.fresh(f"grad_{saved.name}")
+                blocks.insert(0, _add_into(accumulator, keyword))
+                incoming_list.append((saved.name, keyword))
+            else:
+                incoming_list.append((saved.name, accumulator))
+        incoming = tuple(incoming_list)
         plan = self._recompute(recompute, entries, ctx, names)
         used = {
             n.value
@@ -505,6 +516,10 @@ def _out_of_place(
         else:
             body.append(small)
     return statement.with_changes(body=body)
+
+
+def _add_into(total: str, grad: str) -> cst.BaseStatement:
+    return cst.parse_statement(f"{total} = {ACCUMULATE}({total}, {grad})\n")
 
 
 def _assigns(steps: Sequence[Step]) -> list[Assign]:

@@ -16,7 +16,7 @@ import libcst as cst
 from s2sgrad.codegen import docs
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
 from s2sgrad.cst import as_statement
-from s2sgrad.lift import Lifted, Recompute, Saved
+from s2sgrad.lift import Lifted, Recompute, Saved, may_alias, rebound_names
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import param_value
 
@@ -232,20 +232,45 @@ class _FunctionWriter:
         call = f"{self.names.forward}({', '.join(args)})"
         head = ["@staticmethod", f"def forward({', '.join(self.params)}):"]
         extras = self.lifted.extras
-        if not extras:
+        aliased = self._aliased_outputs()
+        if not extras and not aliased:
             return head + [f"    return {call}[0]"]
-        targets = [s.name if s in extras else "_" for s in self.lifted.context]
-        result = f"*{self.result}" if self.multi else self.result
-        # An extra that may be an input object itself is returned as a view: autograd
-        # does not save an input returned as-is as an output.
-        returned = [
+        # An output or extra that may be an input object itself is returned as a view:
+        # autograd does not save an input returned as-is as an output.
+        if self.multi:
+            outs = [f"{self.result}[{i}]" for i in range(len(self.outputs))]
+        else:
+            outs = [self.result]
+        outs = [f"{o}.view_as({o})" if i in aliased else o for i, o in enumerate(outs)]
+        if self.multi and not aliased:
+            outs = [f"*{self.result}"]
+        returned = outs + [
             f"{s.name}.view_as({s.name})" if s.may_alias and s.tensor else s.name
             for s in extras
         ]
+        if not extras:
+            return head + [
+                f"    {self.result} = {call}[0]",
+                f"    return {', '.join(returned)}",
+            ]
+        targets = [s.name if s in extras else "_" for s in self.lifted.context]
         return head + [
             f"    {self.result}, {_tuple(targets)} = {call}",
-            f"    return {result}, {', '.join(returned)}",
+            f"    return {', '.join(returned)}",
         ]
+
+    def _aliased_outputs(self) -> set[int]:
+        """Outputs that may be an input object: a parameter, or bound by `z = x`."""
+        diff = self.lifted.source
+        rebound = rebound_names(diff)
+        found = set()
+        for i, output in enumerate(diff.outputs):
+            if not isinstance(output, cst.Name):
+                continue
+            name = output.value
+            if (name in self.params and name not in rebound) or may_alias(diff, name):
+                found.add(i)
+        return found
 
     def _value(self, saved: Saved) -> str:
         """Return the setup_context expression for one context entry."""
