@@ -13,14 +13,13 @@ examples are derandomized, so a CI run is reproducible.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import types
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, note, reject, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis.errors import InvalidArgument
 from strategies import Param, Program, programs
 
@@ -142,25 +141,6 @@ def grads(
 # ones s2sgrad fixed run as plain tests, a known bug as a strict xfail.
 
 
-def known_bug(program: Program, text: str) -> str | None:
-    """The xfail regression test of a known, unfixed bug this program hits, or None.
-
-    The property test discards such programs (unless S2SGRAD_HYPOTHESIS_KNOWN_BUGS=1),
-    so that a known bug, pinned by its regression test, does not hide new ones. A
-    backward calling another differentiator (test_regression_backward_calls_sibling_
-    differentiator) needs no entry: the strategy never writes one.
-    """
-    # f_recompute takes a parameter that forward rebinds: it gets the last binding.
-    for m in re.finditer(r"^def \w+_recompute\(([^)]*)\)", text, re.M):
-        for arg in (a.strip() for a in m[1].split(",")):
-            rebound = rf"^ +(\w+, )*{re.escape(arg)}(, \w+)* ([-+*/]?=) "
-            if any(p.name == arg for p in program.params) and re.search(
-                rebound, program.source, re.M
-            ):
-                return "test_regression_recompute_reads_rebound_parameter"
-    return None
-
-
 def check_generated(program: Program) -> None:
     """The properties of the generated module for one program."""
     try:
@@ -172,8 +152,6 @@ def check_generated(program: Program) -> None:
 def _check_generated(program: Program) -> None:
     text = generate(program.source, program.module_name)
     _note(f"generated module:\n{text}")
-    if skip_known_bugs and not KNOWN_BUGS and known_bug(program, text):
-        reject()
     closure = source_module(program)[program.name]
     module = exec_module(text, "gen_grad.py")
     op = module[program.name]
@@ -378,14 +356,6 @@ def outer(a: torch.Tensor):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a temporary computed where reverse mode does not look (a loop, a `with` "
-    "block) is recomputed in backward by f_recompute from the saved parameter x, but "
-    "forward rebinds x afterwards (`x = x * 2.0`) and the context saves that last "
-    "binding: the replay starts from the wrong value, first-order gradients are wrong",
-)
 @pytest.mark.parametrize(
     "computed",
     [

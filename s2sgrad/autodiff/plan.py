@@ -427,7 +427,18 @@ class Planner:
         for param in params:
             version = self.program.params[param]
             before = len(ctx.entries)
-            args.append(self._value_entry(version, param, ctx, names))
+            if param in self.rebound:
+                # Forward rebinds it: keep the argument's own object, taken at the start.
+                first = names.fresh(f"{param}_0")
+                ctx.snapshots.setdefault(-1, []).append((first, param))
+                index = [p.name for p in self.diff.params].index(param)
+                tensor = bool(version.value.tensor)
+                ctx.entries.append(
+                    Saved(first, param, "input", first, tensor, False, index, 0)
+                )
+                args.append(first)
+            else:
+                args.append(self._value_entry(version, param, ctx, names))
             entries += ctx.entries[before:]
         return Recompute(
             function=names.fresh(f"{self.diff.name}_recompute"),

@@ -279,6 +279,9 @@ class _FunctionWriter:
         if saved.kind == "output":
             assert saved.index is not None
             return self.outputs[saved.index]
+        if saved.kind == "input":
+            assert saved.index is not None
+            return self.params[saved.index]
         return saved.name
 
     def setup_context(self) -> list[str]:
@@ -287,7 +290,11 @@ class _FunctionWriter:
             f"def setup_context({self.ctx}, {self.inputs}, {self.output}):",
         ]
         context = self.lifted.context
-        wanted = {s.name for s in context if s.kind == "input"}
+        wanted = {
+            self.params[s.index]
+            for s in context
+            if s.kind == "input" and s.index is not None
+        }
         if wanted:
             targets = [p if p in wanted else "_" for p in self.params]
             lines.append(f"    {_targets(targets)} = {self.inputs}")
