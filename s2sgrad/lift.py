@@ -231,7 +231,8 @@ def _classify(
     if name in outputs:
         return Saved(name, name, "output", name, True, False, outputs.index(name), line)
     kind: Kind = "temporary" if value.diff else "constant"
-    alias = may_alias(diff, name)
+    # A parameter rebound on some paths only may still be the input object itself.
+    alias = name in params or may_alias(diff, name)
     return Saved(name, name, kind, name, bool(value.tensor), False, None, line, alias)
 
 

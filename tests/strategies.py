@@ -576,7 +576,7 @@ PARAM_NAMES = [
 # code could pick for its own variables. {p} is a tensor parameter's name.
 CLASHING_NAMES = [
     "ctx", "output", "inputs", "result", "out", "shape", "dtype", "device", "grad",
-    "needs_input_grad", "saved", "count", "math", "apply", "forward", "cls",
+    "needs_input_grad", "saved", "count", "apply", "forward", "cls",
     "grad_{p}", "{p}_shape", "{p}_0", "{p}_1", "{p}_numel", "{p}_like", "grad_{p}_1",
 ]
 

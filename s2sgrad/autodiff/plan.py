@@ -396,7 +396,11 @@ class Planner:
             )
         kind: Kind = "temporary" if version.value.diff and tensor else "constant"
         # A snapshot of a parameter, or a name bound to another's object, may be an input.
-        alias = version.is_param or (final and may_alias(self.diff, source))
+        alias = (
+            version.is_param
+            or source in params
+            or (final and may_alias(self.diff, source))
+        )
         return Saved(name, source, kind, source, tensor, False, None, 0, alias)
 
     def _meta_entry(
