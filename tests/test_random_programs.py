@@ -429,3 +429,4 @@ def f(x: torch.Tensor):
         [T("x", 3)],
         n_outputs=2,
     )
+

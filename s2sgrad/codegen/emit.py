@@ -193,6 +193,12 @@ class _FunctionWriter:
             for s in lifted.context
             if not s.tensor
         }
+        # setup_context unpacks inputs and outputs side by side: an input named like an
+        # output or extra (a rebound parameter) gets its own name there.
+        clash = set(self.outputs) | {s.name for s in lifted.extras}
+        self.input_vars = [
+            alloc.fresh(f"input_{p}") if p in clash else p for p in self.params
+        ]
 
     def _grad_names(self, alloc: NameAllocator) -> list[str]:
         grads = list(self.lifted.source.grad_params)
@@ -281,7 +287,7 @@ class _FunctionWriter:
             return self.outputs[saved.index]
         if saved.kind == "input":
             assert saved.index is not None
-            return self.params[saved.index]
+            return self.input_vars[saved.index]
         return saved.name
 
     def setup_context(self) -> list[str]:
@@ -296,7 +302,10 @@ class _FunctionWriter:
             if s.kind == "input" and s.index is not None
         }
         if wanted:
-            targets = [p if p in wanted else "_" for p in self.params]
+            targets = [
+                v if p in wanted else "_"
+                for p, v in zip(self.params, self.input_vars, strict=True)
+            ]
             lines.append(f"    {_targets(targets)} = {self.inputs}")
         if self.multi or self.lifted.extras:
             needed = {s.index for s in context if s.kind == "output"}
