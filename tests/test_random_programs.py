@@ -165,6 +165,7 @@ def check_generated(program: Program, skip_known_bugs: bool = True) -> None:
 
 
 def _check_generated(program: Program) -> None:
+    _note(f"source:\n{program.source}")  # readable, unlike the escaped repr
     text = generate(program.source, program.module_name)
     _note(f"generated module:\n{text}")
     closure = source_module(program)[program.name]
@@ -207,6 +208,7 @@ def _check_generated(program: Program) -> None:
 
 def check_closure(program: Program) -> None:
     """The generator's own backward equals torch.autograd of the closure's forward."""
+    _note(f"source:\n{program.source}")
     closure = source_module(program)[program.name]
     forget_module(program)
     args, kwargs, tensors = program.inputs()
