@@ -16,7 +16,7 @@ import libcst as cst
 from s2sgrad.codegen import docs
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
 from s2sgrad.cst import as_statement
-from s2sgrad.lift import Lifted, Recompute, Saved, may_alias, rebound_names
+from s2sgrad.lift import Lifted, Recompute, Saved, may_alias
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import param_value
 
@@ -266,15 +266,19 @@ class _FunctionWriter:
         ]
 
     def _aliased_outputs(self) -> set[int]:
-        """Outputs that may be an input object: a parameter, or bound by `z = x`."""
+        """Outputs that may be an input object: a parameter, or bound by `z = x`.
+
+        A parameter counts even when forward rebinds it: on a path that skips the
+        rebinding (`if flag: x = x * 2.0`) it is still the input object.
+        """
         diff = self.lifted.source
-        rebound = rebound_names(diff)
+        params = {p.name for p in diff.params}
         found = set()
         for i, output in enumerate(diff.outputs):
             if not isinstance(output, cst.Name):
                 continue
             name = output.value
-            if (name in self.params and name not in rebound) or may_alias(diff, name):
+            if name in params or may_alias(diff, name):
                 found.add(i)
         return found
 
