@@ -35,6 +35,7 @@ CODES: dict[str, str] = {
     "S2S117": "name read before it is assigned",
     "S2S118": "source nested too deeply to analyse",
     "S2S119": "differentiator defined more than once",
+    "S2S120": "closure of another differentiator used other than called in backward",
 }
 
 

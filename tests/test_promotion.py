@@ -183,6 +183,44 @@ def test_a_differentiator_of_the_module_is_the_rule_for_calls_to_it():
     assert torch.autograd.gradgradcheck(ns["composed"], args)
 
 
+CLOSURE_CALL = '''
+import torch
+
+def scaled_sin(x, w):
+    t = torch.sin(x) * w
+    def backward(grad):
+        return grad * torch.cos(x) * w, grad * torch.sin(x)
+    return t, backward
+
+def squared(x, w):
+    u = scaled_sin(x, w)[0]
+    def backward(grad):
+        gx, gw = scaled_sin(x, w)[1](2 * grad * u)
+        return gx, gw
+    return u * u, backward
+'''
+
+
+def test_backward_may_call_a_sibling_closure_at_every_order():
+    """`g(x)[1](grad)` in backward recomputes g's context there: right at every order."""
+    text = transform(CLOSURE_CALL, "t.py")
+    assert "scaled_sin_backward(scaled_sin_forward(x, w)[1], 2 * grad * u)" in text
+    ns = load(CLOSURE_CALL)
+    exec(CLOSURE_CALL, reference := {})
+    args = _inputs()
+    assert torch.autograd.gradcheck(ns["squared"], args)
+    assert torch.autograd.gradgradcheck(ns["squared"], args)
+
+    def closure_forward(x, w):
+        return reference["squared"](x, w)[0]
+
+    for order in (1, 2, 3):
+        got = nth_grads(ns["squared"], args, order)
+        want = nth_grads(closure_forward, args, order)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+
+
 MULTI = '''
 import torch
 

@@ -356,14 +356,6 @@ def f(a: torch.Tensor):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="a backward that calls another differentiator of the module and its closure "
-    "(`inner(a)[1](g)`) is rewritten to `inner_forward(a)[1](g)`, which calls the "
-    "context tuple: TypeError 'tuple' object is not callable (only forward's calls "
-    "should become inner_forward)",
-)
 def test_regression_backward_calls_sibling_differentiator() -> None:
     check_regression(
         """import torch

@@ -83,7 +83,7 @@ def emit(
     ]
     called = set(siblings) & set(lifted.source.globals_used)
     if called:
-        rename = _SiblingCalls({s: Names.of(s).forward for s in called})
+        rename = _SiblingCalls({s: Names.of(s) for s in called})
         definitions = [as_statement(d.visit(rename)) for d in definitions]
     return [
         *definitions,
@@ -93,15 +93,33 @@ def emit(
 
 
 class _SiblingCalls(cst.CSTTransformer):
-    """Point calls `g(...)` of sibling differentiators at their lifted forward."""
+    """Point calls of sibling differentiators at their lifted pair.
 
-    def __init__(self, forwards: dict[str, str]) -> None:
-        self.forwards = forwards
+    `g(...)` becomes `g_forward(...)`, and a call of its closure in backward,
+    `g(...)[1](grad)` (the only use of it the frontend accepts), becomes
+    `g_backward(g_forward(...)[1], grad)`.
+    """
+
+    def __init__(self, siblings: dict[str, Names]) -> None:
+        self.siblings = siblings
+        self.backwards = {n.forward: n.backward for n in siblings.values()}
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         func = updated_node.func
-        if isinstance(func, cst.Name) and func.value in self.forwards:
-            return updated_node.with_changes(func=cst.Name(self.forwards[func.value]))
+        if isinstance(func, cst.Name) and func.value in self.siblings:
+            forward = self.siblings[func.value].forward
+            return updated_node.with_changes(func=cst.Name(forward))
+        if (
+            isinstance(func, cst.Subscript)
+            and isinstance(func.value, cst.Call)
+            and isinstance(func.value.func, cst.Name)
+            and func.value.func.value in self.backwards
+        ):
+            backward = self.backwards[func.value.func.value]
+            return updated_node.with_changes(
+                func=cst.Name(backward),
+                args=[cst.Arg(func), *updated_node.args],
+            )
         return updated_node
 
 

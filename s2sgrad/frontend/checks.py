@@ -739,3 +739,81 @@ def _is_target(node: cst.Name, parent: cst.CSTNode | None) -> bool:
     if isinstance(parent, (cst.Del, cst.AsName, cst.NamedExpr)):
         return True
     return False
+
+
+def check_sibling_closures(
+    forward: cst.FunctionDef,
+    backward: str,
+    siblings: frozenset[str],
+    loc: Locator,
+) -> list[Diagnostic]:
+    """Diagnose uses of another differentiator's closure other than calling it in backward.
+
+    `g(x)[0]` and `y, _ = g(x)` take the result of a sibling `g`; its closure may be
+    called in backward as `g(x)[1](grad)`, which becomes `g_backward(g_forward(x)[1],
+    grad)`: the context is recomputed where backward runs, so its gradients at higher
+    orders flow through `g_forward`. A closure kept in a name or captured from forward
+    would be `g_forward`'s context tuple in the generated code, so it is rejected here.
+    """
+    if not siblings:
+        return []
+    sibling = m.Call(func=m.Name(m.MatchIfTrue(lambda n: n in siblings)))
+    closure = m.Subscript(
+        value=sibling,
+        slice=[
+            m.SubscriptElement(
+                m.Index(
+                    m.Integer("1")
+                    | m.UnaryOperation(operator=m.Minus(), expression=m.Integer("1"))
+                )
+            )
+        ],
+    )
+    bw = next((d for d in nested_defs(forward) if d.name.value == backward), None)
+    calls = m.findall(bw, m.Call(func=closure)) if bw else []
+    called_in_backward = {id(c.func) for c in calls if isinstance(c, cst.Call)}
+    found = []
+    for node in m.findall(forward, closure):
+        if id(node) in called_in_backward:
+            continue
+        assert isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call)
+        found.append(_sibling_closure_error(node, node.value, loc))
+    kept: dict[str, cst.Call] = {}
+    for assign in m.findall(
+        forward,
+        m.Assign(
+            targets=[m.AssignTarget(m.Tuple([m.DoNotCare(), m.DoNotCare()]))],
+            value=sibling,
+        ),
+    ):
+        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+        target = assign.targets[0].target
+        assert isinstance(target, cst.Tuple)
+        second = target.elements[1].value
+        if isinstance(second, cst.Name) and second.value != "_":
+            kept[second.value] = assign.value
+    for name, call in kept.items():
+        uses = m.findall(forward, m.Call(func=m.Name(name)))
+        if uses:
+            found.append(_sibling_closure_error(uses[0], call, loc, name))
+    return found
+
+
+def _sibling_closure_error(
+    node: cst.CSTNode, call: cst.Call, loc: Locator, name: str | None = None
+) -> Diagnostic:
+    assert isinstance(call.func, cst.Name)
+    sibling = call.func.value
+    args = cst.Module([]).code_for_node(call)
+    what = (
+        f"`{name}`, the closure of `{sibling}`,"
+        if name
+        else f"the closure of `{sibling}`"
+    )
+    return loc.error(
+        "S2S120",
+        node,
+        f"{what} is used other than called directly in backward",
+        f"call it in backward as `{args}[1](grad)`; the generated code recomputes "
+        f"`{sibling}`'s context there, so gradients stay right at every order",
+    )

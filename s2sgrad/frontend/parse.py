@@ -261,7 +261,10 @@ def _parse_module(
     qualified = _qualified_names(wrapper)
     global_scope = next(s for s in scopes.values() if isinstance(s, GlobalScope))
     records: list[Differentiator] = []
+    names = frozenset(stmt.name.value for stmt, _ in pending)
     for stmt, bname in pending:
+        own = names - {stmt.name.value}
+        found += checks.check_sibling_closures(stmt, bname, own, loc)
         record, problems = _build(stmt, bname, analysis, loc, qualified)
         found += problems
         if record is not None:
