@@ -11,8 +11,10 @@ there, not as an s2sgrad bug.
 Environment: `S2SGRAD_HYPOTHESIS_EXAMPLES` (default 300) sets the number of examples;
 `CI` derandomizes them, so a CI run is reproducible; `S2SGRAD_HYPOTHESIS_KNOWN_BUGS=1`
 keeps the programs that hit a known bug; `S2SGRAD_HYPOTHESIS_PROGRESS=FILE` appends a
-line per example to FILE, to follow a long run. Every failure found is pinned below by a
-named regression test (a strict xfail while the bug is open).
+line per example to FILE, to follow a long run; `S2SGRAD_HYPOTHESIS_POLICY=recompute`
+converts with that policy instead of the default `promote` (its gradients must be just as
+right at every order). Every failure found is pinned below by a named regression test (a
+strict xfail while the bug is open).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ IN_CI = bool(os.environ.get("CI"))
 KNOWN_BUGS = os.environ.get("S2SGRAD_HYPOTHESIS_KNOWN_BUGS") == "1"
 # A file to append one line per example to, to follow a long run (10,000 examples).
 PROGRESS = os.environ.get("S2SGRAD_HYPOTHESIS_PROGRESS")
+# The promotion policy of the generated-op property (`promote`, or `recompute`).
+POLICY = os.environ.get("S2SGRAD_HYPOTHESIS_POLICY", "promote")
 RTOL, ATOL = 1e-6, 1e-8
 
 SETTINGS = settings(
@@ -107,9 +111,9 @@ def forget_module(program: Program) -> None:
         sys.modules.pop(program.module_name, None)
 
 
-def generate(source: str, module_name: str | None = None) -> str:
+def generate(source: str, module_name: str | None = None, policy: str = "promote") -> str:
     """transform, then the checks on the text: compiles, black-stable."""
-    text = transform(source, "gen.py", module_name)
+    text = transform(source, "gen.py", module_name, policy=policy)
     compile(text, "gen_grad.py", "exec")
     assert format_code(text, 88) == text, "generated module is not black-stable"
     return text
@@ -179,7 +183,7 @@ def check_generated(program: Program, skip_known_bugs: bool = True) -> None:
 
 def _check_generated(program: Program) -> None:
     _note(f"source:\n{program.source}")  # readable, unlike the escaped repr
-    text = generate(program.source, program.module_name)
+    text = generate(program.source, program.module_name, POLICY)
     _note(f"generated module:\n{text}")
     closure = source_module(program)[program.name]
     module = exec_module(text, "gen_grad.py")
