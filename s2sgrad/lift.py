@@ -192,18 +192,41 @@ MAY_RETURN_SELF = {
 
 
 def may_alias(diff: Differentiator, name: str) -> bool:
-    """Tell whether some binding of `name` in forward may be another name's object."""
+    """Tell whether some binding of `name` in forward may be another name's object.
+
+    Looks at `name = value` and at the matching element of a tuple assignment
+    (`t, name = a * b, value`), where `value` is a name or a call of a method that may
+    return its object itself (`x.contiguous()`, `x.sum_to_size(x.shape)`).
+    """
     self_call = m.Call(
         func=m.Attribute(attr=m.OneOf(*(m.Name(n) for n in MAY_RETURN_SELF)))
     )
     for statement in diff.statements:
-        for assign in m.findall(
-            statement, m.Assign(targets=[m.AssignTarget(m.Name(name))])
-        ):
+        for assign in m.findall(statement, m.Assign()):
             assert isinstance(assign, cst.Assign)
-            if m.matches(assign.value, m.Name() | self_call):
-                return True
+            for target in assign.targets:
+                value = _bound_value(target.target, assign.value, name)
+                if value is not None and m.matches(value, m.Name() | self_call):
+                    return True
     return False
+
+
+def _bound_value(
+    target: cst.BaseExpression, value: cst.BaseExpression, name: str
+) -> cst.BaseExpression | None:
+    """The expression `target = value` binds to `name`, through matching tuples."""
+    if isinstance(target, cst.Name):
+        return value if target.value == name else None
+    if (
+        isinstance(target, (cst.Tuple, cst.List))
+        and isinstance(value, (cst.Tuple, cst.List))
+        and len(target.elements) == len(value.elements)
+    ):
+        for t, v in zip(target.elements, value.elements, strict=True):
+            found = _bound_value(t.value, v.value, name)
+            if found is not None:
+                return found
+    return None
 
 
 def _classify(

@@ -446,6 +446,26 @@ def f(x: torch.Tensor, *, flag: bool):
     )
 
 
+def test_regression_tuple_assignment_binds_the_input_object() -> None:
+    """`t1, t2 = ..., k.sum_to_size(k.shape)`: t2 is k itself, returned and saved."""
+    check_regression(
+        """import torch
+
+
+def layer(q: torch.Tensor, k: torch.Tensor, dim: int):
+    t1, t2 = q * torch.exp(-torch.tanh(k)), k.sum_to_size((4, 1))
+    def backward(g1, g2, g3):
+        g_t1 = g2 + g3.sum_to_size(t1.shape) + g3.sum_to_size(t1.shape)
+        g_q = (g_t1 / torch.exp(torch.tanh(k))).sum_to_size(q.shape)
+        g_k = g1.expand(k.shape) - g_t1 * t1 * (1.0 - torch.tanh(k) ** 2)
+        return g_q, g_k, None
+    return (t2, t1, torch.add(t1, t1)), backward
+""",
+        [T("q", 4, 1), T("k", 4, 1), Param("dim", "int", value=0)],
+        n_outputs=3,
+    )
+
+
 def test_input_returned_as_output_not_saved() -> None:
     """Next to the bugs above, what works: an input returned as-is but never saved."""
     check_regression(
