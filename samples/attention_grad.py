@@ -119,6 +119,9 @@ class AttentionFunction(torch.autograd.Function):
         grad_q_dim,
         grad_q_shape,
     ):
+        if torch.compiler.is_compiling():
+            # torch.compile has no double backward, which alone sends these.
+            grad_p = None
         if grad is None and grad_p is None:
             return None, None, None
         p, v, k, q = ctx.saved_tensors
@@ -243,6 +246,9 @@ class CausalAttentionFunction(torch.autograd.Function):
         grad_q_dim,
         grad_q_shape,
     ):
+        if torch.compiler.is_compiling():
+            # torch.compile has no double backward, which alone sends these.
+            grad_p = None
         if grad is None and grad_p is None:
             return None, None, None
         p, v, k, q = ctx.saved_tensors

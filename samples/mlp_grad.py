@@ -146,6 +146,9 @@ class MlpFunction(torch.autograd.Function):
         grad_w1_shape,
         grad_b1_shape,
     ):
+        if torch.compiler.is_compiling():
+            # torch.compile has no double backward, which alone sends these.
+            grad_a_1 = None
         if grad is None and grad_a_1 is None:
             return None, None, None, None, None
         w2, a, w1, x = ctx.saved_tensors
@@ -360,6 +363,9 @@ class ReluMlpFunction(torch.autograd.Function):
         grad_w1_shape,
         grad_b1_shape,
     ):
+        if torch.compiler.is_compiling():
+            # torch.compile has no double backward, which alone sends these.
+            grad_a = None
         if grad is None and grad_a is None:
             return None, None, None, None, None
         w2, mask, w1, x, a = ctx.saved_tensors

@@ -226,6 +226,9 @@ class LayerNormFunction(torch.autograd.Function):
         grad_mean_numel,
         grad_mean_shape,
     ):
+        if torch.compiler.is_compiling():
+            # torch.compile has no double backward, which alone sends these.
+            grad_rstd = grad_x_hat = grad_xc = None
         if (
             grad is None
             and grad_rstd is None
@@ -415,6 +418,9 @@ class RmsNormFunction(torch.autograd.Function):
         grad_rstd_prod_numel,
         grad_rstd_prod_shape,
     ):
+        if torch.compiler.is_compiling():
+            # torch.compile has no double backward, which alone sends these.
+            grad_rstd = grad_x_hat = None
         if grad is None and grad_rstd is None and grad_x_hat is None:
             return None, None, None
         weight, rstd, x_hat, x = ctx.saved_tensors

@@ -281,3 +281,44 @@ def test_gradients_nobody_asked_for_are_not_computed():
     torch.testing.assert_close(both[0], grad @ w.detach().t())
     (only_w,) = torch.autograd.grad(ns["bilinear"](x, w).sum(), (w,))
     torch.testing.assert_close(only_w, x.t() @ torch.ones(3, 2, dtype=torch.float64))
+
+
+MATMULS = '''
+import torch
+
+def mlp(x, w1, w2):
+    a = torch.tanh(x @ w1)
+    def backward(grad):
+        g_a = (grad @ w2.T) * (1 - a * a)
+        return g_a @ w1.T, x.T @ g_a, a.T @ grad
+    return a @ w2, backward
+'''
+
+
+@pytest.mark.slow
+def test_compiled_backward_has_no_vjp_of_the_promoted_outputs():
+    """Under torch.compile the promoted `a` gets a zeros gradient, not None; compile has
+    no double backward, so the generated backward drops it there, and the traced
+    backward graph has eager's 4 matmuls instead of 6 (two for the VJP of `a`)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    ns = load(MATMULS)
+    assert "grad_a = None" in transform(MATMULS, "t.py")
+    counted = []
+
+    def backward_compiler(gm, example_inputs):
+        counted.append(sum(1 for n in gm.graph.nodes if n.target in (torch.ops.aten.mm.default,)))
+        return gm
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: gm, bw_compiler=backward_compiler)
+    torch.manual_seed(0)
+    x, w1, w2 = (torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((5, 3), (3, 4), (4, 2)))
+    torch._dynamo.reset()
+    compiled = torch.compile(ns["mlp"], backend=backend, fullgraph=True)
+    got = torch.autograd.grad(compiled(x, w1, w2).sum(), (x, w1, w2))
+    want = torch.autograd.grad((torch.tanh(x @ w1) @ w2).sum(), (x, w1, w2))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    assert counted == [4]
+    # Eager double backward still flows through the promoted `a`.
+    assert torch.autograd.gradgradcheck(ns["mlp"], (x, w1, w2))

@@ -369,6 +369,15 @@ class _FunctionWriter:
             if self.lifted.gradients
             else []
         )
+        if incoming:
+            # Under torch.compile the unused extra outputs get zero gradients, not None,
+            # and inductor would keep their VJPs; compile has no double backward, the
+            # only source of these gradients, so they are dropped there.
+            lines += [
+                "    if torch.compiler.is_compiling():",
+                "        # torch.compile has no double backward, which alone sends these.",
+                f"        {' = '.join(incoming)} = None",
+            ]
         none_test = " and ".join(f"{g} is None" for g in (*user, *incoming))
         lines += [f"    if {none_test}:", f"        return {nones}"]
         if self.multi:
