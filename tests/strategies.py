@@ -585,8 +585,8 @@ CLASHING_NAMES = [
 class Inner:
     """Another differentiator of the module, which the drawn one calls in forward.
 
-    Its VJP in the caller's backward goes through a module-level helper
-    `<name>_vjp(*params, grad)`, which returns the inner closure's own backward result.
+    Its VJP in the caller's backward calls its closure, `<name>(...)[1](grad)`, directly
+    or through a module-level helper `<name>_vjp(*params, grad)`.
     """
 
     name: str
@@ -615,11 +615,22 @@ def call_op(r: Chooser, inner: Inner, operands: list[Value], args: list[str]) ->
     expr = f"{inner.name}({call})[0]"
     positions = [i for i, p in enumerate(inner.params) if p.kind == "tensor"]
 
+    # Half the time backward calls the inner closure itself, `inner(...)[1](g)`, which
+    # the generated code turns into `inner_backward(inner_forward(...)[1], g)`.
+    direct = r.coin()
+
     def vjp(g: str, o: str | None, xs: list[str]) -> list[str | None]:
         values = list(args)
         for i, x in zip(positions, xs, strict=True):
             values[i] = x
-        helper = f"{inner.name}_vjp({', '.join(values)}, {g})"
+        if direct:
+            given = ", ".join(
+                f"{p.name}={v}" if p.keyword_only else v
+                for p, v in zip(inner.params, values, strict=True)
+            )
+            helper = f"{inner.name}({given})[1]({g})"
+        else:
+            helper = f"{inner.name}_vjp({', '.join(values)}, {g})"
         if inner.bare:
             return [None if inner.returns[0] == "None" else helper]
         return [None if inner.returns[i] == "None" else f"{helper}[{i}]" for i in positions]
