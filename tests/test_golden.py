@@ -58,3 +58,42 @@ def test_output_is_identical_under_two_hash_seeds():
     assert outputs[0] == outputs[1]
     goldens = "".join(p.with_name(f"{p.stem}_grad.py").read_text() for p in SOURCES)
     assert outputs[0] == goldens
+
+
+def _without_docstrings(source: str) -> dict[str, str]:
+    """Each top-level function and class of `source`, its docstrings' lines removed."""
+    import ast
+
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    drop = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                drop.update(range(first.lineno, first.end_lineno + 1))
+    return {
+        node.name: "\n".join(
+            line for i, line in enumerate(lines[node.lineno - 1 : node.end_lineno], node.lineno)
+            if i not in drop
+        )
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+    }
+
+
+def test_readme_example_is_the_golden_without_docstrings():
+    """The README's generated functions are samples/temporary_grad.py's, docstrings cut;
+    its abbreviated Function has the golden's method signatures."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("`s2sgrad convert samples/temporary.py` writes", 1)[1]
+    block = block.split("```python\n", 1)[1].split("```", 1)[0]
+    shown = _without_docstrings(block)
+    golden = _without_docstrings((ROOT / "samples" / "temporary_grad.py").read_text())
+    assert set(shown) == {"add_mul_forward", "add_mul_backward", "AddMulFunction", "add_mul"}
+    for name in ("add_mul_forward", "add_mul_backward", "add_mul"):
+        assert shown[name] == golden[name], f"README's {name} differs from the golden"
+    for line in shown["AddMulFunction"].splitlines()[1:]:
+        signature = line.split(": ...", 1)[0].strip()
+        assert signature in golden["AddMulFunction"], signature
