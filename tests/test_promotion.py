@@ -201,12 +201,49 @@ def squared(x, w):
 '''
 
 
-def test_backward_may_call_a_sibling_closure_at_every_order():
+CLOSURE_CALLS = '''
+import torch
+
+# s2sgrad: policy=recompute
+def pair(x, *, scale: float = 2.0):
+    s = torch.sin(x)
+    c = torch.cos(x)
+    def backward(gs, gc):
+        return (gs * c - gc * s) * scale, None
+    return (s * scale, c * scale), backward
+
+def bare(x):
+    t = torch.exp(x)
+    def backward(grad):
+        return grad * t
+    return t, backward
+
+def squared(a, b):
+    u, v = pair(a, scale=3.0)[0]
+    w = bare(b)[0]
+    y = u * v * w
+    def backward(grad):
+        ga, _ = pair(a, scale=3.0)[1](grad * v * w, grad * u * w)
+        gb = bare(b)[1](grad * u * v)
+        return ga, gb
+    return y, backward
+'''
+
+
+@pytest.mark.parametrize(
+    "source, call",
+    [
+        (CLOSURE_CALL, "scaled_sin_backward(scaled_sin_forward(x, w)[1], 2 * grad * u)"),
+        # two outputs, a keyword-only parameter, a recompute-policy sibling, a bare return
+        (CLOSURE_CALLS, "pair_backward(pair_forward(a, scale=3.0)[1], grad * v * w, grad * u * w)"),
+    ],
+    ids=["one", "several"],
+)
+def test_backward_may_call_a_sibling_closure_at_every_order(source, call):
     """`g(x)[1](grad)` in backward recomputes g's context there: right at every order."""
-    text = transform(CLOSURE_CALL, "t.py")
-    assert "scaled_sin_backward(scaled_sin_forward(x, w)[1], 2 * grad * u)" in text
-    ns = load(CLOSURE_CALL)
-    exec(CLOSURE_CALL, reference := {})
+    assert call in transform(source, "t.py")
+    ns = load(source)
+    exec(source, reference := {})
     args = _inputs()
     assert torch.autograd.gradcheck(ns["squared"], args)
     assert torch.autograd.gradgradcheck(ns["squared"], args)
