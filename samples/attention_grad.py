@@ -120,7 +120,7 @@ class AttentionFunction(torch.autograd.Function):
         grad_q_shape,
     ):
         if torch.compiler.is_compiling():
-            # torch.compile has no double backward, which alone sends these.
+            # Only a double backward sends these, and torch.compile has none.
             grad_p = None
         if grad is None and grad_p is None:
             return None, None, None
@@ -247,7 +247,7 @@ class CausalAttentionFunction(torch.autograd.Function):
         grad_q_shape,
     ):
         if torch.compiler.is_compiling():
-            # torch.compile has no double backward, which alone sends these.
+            # Only a double backward sends these, and torch.compile has none.
             grad_p = None
         if grad is None and grad_p is None:
             return None, None, None

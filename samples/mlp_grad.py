@@ -147,7 +147,7 @@ class MlpFunction(torch.autograd.Function):
         grad_b1_shape,
     ):
         if torch.compiler.is_compiling():
-            # torch.compile has no double backward, which alone sends these.
+            # Only a double backward sends these, and torch.compile has none.
             grad_a_1 = None
         if grad is None and grad_a_1 is None:
             return None, None, None, None, None
@@ -364,7 +364,7 @@ class ReluMlpFunction(torch.autograd.Function):
         grad_b1_shape,
     ):
         if torch.compiler.is_compiling():
-            # torch.compile has no double backward, which alone sends these.
+            # Only a double backward sends these, and torch.compile has none.
             grad_a = None
         if grad is None and grad_a is None:
             return None, None, None, None, None

@@ -124,7 +124,7 @@ class MeanVarFunction(torch.autograd.Function):
         grad_mean_shape,
     ):
         if torch.compiler.is_compiling():
-            # torch.compile has no double backward, which alone sends these.
+            # Only a double backward sends these, and torch.compile has none.
             grad_xc = None
         if grad_mean is None and grad_var is None and grad_xc is None:
             return None, None

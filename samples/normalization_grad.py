@@ -227,7 +227,7 @@ class LayerNormFunction(torch.autograd.Function):
         grad_mean_shape,
     ):
         if torch.compiler.is_compiling():
-            # torch.compile has no double backward, which alone sends these.
+            # Only a double backward sends these, and torch.compile has none.
             grad_rstd = grad_x_hat = grad_xc = None
         if (
             grad is None
@@ -419,7 +419,7 @@ class RmsNormFunction(torch.autograd.Function):
         grad_rstd_prod_shape,
     ):
         if torch.compiler.is_compiling():
-            # torch.compile has no double backward, which alone sends these.
+            # Only a double backward sends these, and torch.compile has none.
             grad_rstd = grad_x_hat = None
         if grad is None and grad_rstd is None and grad_x_hat is None:
             return None, None, None

@@ -75,7 +75,7 @@ class AddMulFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, grad_t, grad_a_shape, grad_b_shape):
         if torch.compiler.is_compiling():
-            # torch.compile has no double backward, which alone sends these.
+            # Only a double backward sends these, and torch.compile has none.
             grad_t = None
         if grad is None and grad_t is None:
             return None, None
@@ -151,7 +151,7 @@ class SquaredDistanceFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, grad_d, grad_x_shape, grad_y_shape):
         if torch.compiler.is_compiling():
-            # torch.compile has no double backward, which alone sends these.
+            # Only a double backward sends these, and torch.compile has none.
             grad_d = None
         if grad is None and grad_d is None:
             return None, None

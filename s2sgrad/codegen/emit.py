@@ -375,7 +375,7 @@ class _FunctionWriter:
             # only source of these gradients, so they are dropped there.
             lines += [
                 "    if torch.compiler.is_compiling():",
-                "        # torch.compile has no double backward, which alone sends these.",
+                "        # Only a double backward sends these, and torch.compile has none.",
                 f"        {' = '.join(incoming)} = None",
             ]
         none_test = " and ".join(f"{g} is None" for g in (*user, *incoming))
