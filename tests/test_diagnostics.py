@@ -429,6 +429,20 @@ def first_of(x, y):
         return pair[0]
     return pick((x, y))
 """,
+    "sibling_result_and_its_closure_called_in_backward": """
+def g(x):
+    def backward(grad):
+        return grad * 2
+    return x * 2, backward
+
+
+def f(x):
+    u, unused = g(x)
+    v = g(x)[0]
+    def backward(grad):
+        return g(x)[1](grad * v) + g(x)[-1](grad * u)
+    return u * v, backward
+""",
     "utf8_bom_and_crlf": "\ufeffdef f(x):\r\n    def backward(grad):\r\n        return grad\r\n    return x.clone(), backward\r\n",
 }
 
