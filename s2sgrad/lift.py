@@ -198,17 +198,24 @@ def may_alias(diff: Differentiator, name: str) -> bool:
     (`t, name = a * b, value`), where `value` is a name or a call of a method that may
     return its object itself (`x.contiguous()`, `x.sum_to_size(x.shape)`).
     """
-    self_call = m.Call(
-        func=m.Attribute(attr=m.OneOf(*(m.Name(n) for n in MAY_RETURN_SELF)))
-    )
     for statement in diff.statements:
         for assign in m.findall(statement, m.Assign()):
             assert isinstance(assign, cst.Assign)
             for target in assign.targets:
                 value = _bound_value(target.target, assign.value, name)
-                if value is not None and m.matches(value, m.Name() | self_call):
+                if value is not None and (
+                    isinstance(value, cst.Name) or may_return_self(value)
+                ):
                     return True
     return False
+
+
+def may_return_self(value: cst.BaseExpression) -> bool:
+    """Tell whether `value` is a method call that may return its object itself."""
+    return m.matches(
+        value,
+        m.Call(func=m.Attribute(attr=m.OneOf(*(m.Name(n) for n in MAY_RETURN_SELF)))),
+    )
 
 
 def _bound_value(

@@ -64,21 +64,18 @@ def attention_backward(ctx, grad, *, grad_p=None, needs_input_grad=None):
     if grad_scores is not None:
         # line 20: scores = q @ k.transpose(-2, -1) * scale
         grad_mul = (grad_scores * scale).sum_to_size(scores_matmul_shape)
+        k_transpose = k.transpose(-2, -1)
         # Promote 1-D operands (and the matching dims of grad) to matrices.
         x_mat = q.unsqueeze(-2) if q_dim == 1 else q
-        other_mat = (
-            k.transpose(-2, -1).unsqueeze(-1)
-            if k.transpose(-2, -1).ndim == 1
-            else k.transpose(-2, -1)
-        )
-        grad_col = grad_mul.unsqueeze(-1) if k.transpose(-2, -1).ndim == 1 else grad_mul
+        other_mat = k_transpose.unsqueeze(-1) if k_transpose.ndim == 1 else k_transpose
+        grad_col = grad_mul.unsqueeze(-1) if k_transpose.ndim == 1 else grad_mul
         grad_mat = grad_col.unsqueeze(-2) if q_dim == 1 else grad_col
         grad_x = grad_mat @ other_mat.transpose(-1, -2)
         grad_other = x_mat.transpose(-1, -2) @ grad_mat
         grad_q = _accumulate(grad_q, grad_x.sum_to_size(q_shape))
         grad_matmul = (
-            grad_other.squeeze(-1) if k.transpose(-2, -1).ndim == 1 else grad_other
-        ).sum_to_size(k.transpose(-2, -1).shape)
+            grad_other.squeeze(-1) if k_transpose.ndim == 1 else grad_other
+        ).sum_to_size(k_transpose.shape)
         grad_k = _accumulate(grad_k, grad_matmul.transpose(-2, -1))
     return grad_q, grad_k, grad_v
 
@@ -189,21 +186,18 @@ def causal_attention_backward(ctx, grad, *, grad_p=None, needs_input_grad=None):
         # line 35: scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask, float("-inf"))
         grad_masked_fill = grad_scores.masked_fill((~mask), 0.0)
         grad_mul = (grad_masked_fill * scale).sum_to_size(scores_matmul_shape)
+        k_transpose = k.transpose(-2, -1)
         # Promote 1-D operands (and the matching dims of grad) to matrices.
         x_mat = q.unsqueeze(-2) if q_dim == 1 else q
-        other_mat = (
-            k.transpose(-2, -1).unsqueeze(-1)
-            if k.transpose(-2, -1).ndim == 1
-            else k.transpose(-2, -1)
-        )
-        grad_col = grad_mul.unsqueeze(-1) if k.transpose(-2, -1).ndim == 1 else grad_mul
+        other_mat = k_transpose.unsqueeze(-1) if k_transpose.ndim == 1 else k_transpose
+        grad_col = grad_mul.unsqueeze(-1) if k_transpose.ndim == 1 else grad_mul
         grad_mat = grad_col.unsqueeze(-2) if q_dim == 1 else grad_col
         grad_x = grad_mat @ other_mat.transpose(-1, -2)
         grad_other = x_mat.transpose(-1, -2) @ grad_mat
         grad_q = _accumulate(grad_q, grad_x.sum_to_size(q_shape))
         grad_matmul = (
-            grad_other.squeeze(-1) if k.transpose(-2, -1).ndim == 1 else grad_other
-        ).sum_to_size(k.transpose(-2, -1).shape)
+            grad_other.squeeze(-1) if k_transpose.ndim == 1 else grad_other
+        ).sum_to_size(k_transpose.shape)
         grad_k = _accumulate(grad_k, grad_matmul.transpose(-2, -1))
     return grad_q, grad_k, grad_v
 

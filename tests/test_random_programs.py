@@ -466,6 +466,25 @@ def layer(q: torch.Tensor, k: torch.Tensor, dim: int):
     )
 
 
+def test_regression_input_object_written_in_the_return() -> None:
+    """`return (..., b.sum_to_size(b.shape)), backward`: that output is b itself."""
+    check_regression(
+        """import torch
+
+
+def fused(a: torch.Tensor, b: torch.Tensor):
+    forward = a / (1.0 + b * b)
+    def backward(grad1, grad2):
+        g_a = (grad1 / (1.0 + b * b)).sum_to_size(a.shape)
+        g_b = grad2 - 2.0 * grad1 * a * b / (1.0 + b * b) ** 2
+        return g_a, g_b
+    return (forward, b.sum_to_size((2, 3))), backward
+""",
+        [T("a", 2, 3), T("b", 2, 3)],
+        n_outputs=2,
+    )
+
+
 def test_input_returned_as_output_not_saved() -> None:
     """Next to the bugs above, what works: an input returned as-is but never saved."""
     check_regression(

@@ -200,8 +200,12 @@ def inline(
     out: cst.BaseExpression,
     wanted: set[int],
     names: NameAllocator,
+    written: Mapping[str, cst.BaseExpression] | None = None,
 ) -> Inlined:
-    """Inline `rule`'s backward for the parameters at the `wanted` positions."""
+    """Inline `rule`'s backward for the parameters at the `wanted` positions.
+
+    `written` gives the arguments as the source wrote them, to name a repeated one.
+    """
     mapping: dict[str, cst.BaseExpression] = {
         p: parenthesize(a) for p, a in args.items()
     }
@@ -213,8 +217,10 @@ def inline(
     body = _needed_statements(rule.body, needed)
     for local in sorted(bound_names(body)):
         mapping[local] = cst.Name(names.fresh(local))
+    statements: list[cst.BaseStatement] = _bind_repeated(
+        mapping, [*body, *(e for e in entries if e is not None)], names, written or {}
+    )
     folder = _Fold()
-    statements: list[cst.BaseStatement] = []
     for statement in body:
         unelif = as_statement(substitute(statement, mapping).visit(_Unelif()))
         new = unelif.visit(folder)
@@ -236,6 +242,68 @@ def inline(
     return Inlined(
         tuple(as_statement(substitute(s, aliases)) for s in statements), out_entries
     )
+
+
+class _CountReads(NameRewriter):
+    """Count how often each name is read (never `.attr` or `keyword=` names)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def rewrite(self, name: str) -> cst.BaseExpression | None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return None
+
+
+def _cheap(node: cst.BaseExpression) -> bool:
+    """A value as cheap to repeat as a name: a name, a literal, `x.attr`, `(1, x)`."""
+    if isinstance(node, (cst.Name, cst.Integer, cst.Float, cst.SimpleString)):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return _cheap(node.expression)
+    if isinstance(node, cst.Attribute):
+        return isinstance(node.value, cst.Name)
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return all(_cheap(e.value) for e in node.elements)
+    return False
+
+
+def _let_name(param: str, value: cst.BaseExpression) -> str:
+    """Name a bound argument after what it computes: `k.transpose(...)` -> k_transpose."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+        base = value.func.value
+        if isinstance(base, cst.Name) and not base.value.startswith("__"):
+            if base.value not in ("torch", "F", "math"):
+                return f"{base.value}_{value.func.attr.value}"
+    return param
+
+
+def _bind_repeated(
+    mapping: dict[str, cst.BaseExpression],
+    code: Sequence[cst.CSTNode],
+    names: NameAllocator,
+    written: Mapping[str, cst.BaseExpression],
+) -> list[cst.BaseStatement]:
+    """Bind each argument the rule reads more than once to a local, once.
+
+    An argument is a forward expression recomputed in backward (a view such as
+    `k.transpose(-2, -1)`, or a cheap elementwise op); substituted as is it would be
+    written, and evaluated, at every use.
+    """
+    counter = _CountReads()
+    for node in code:
+        node.visit(counter)
+    lets: list[cst.BaseStatement] = []
+    for param, value in list(mapping.items()):
+        if counter.counts.get(param, 0) < 2 or _cheap(value):
+            continue
+        name = cst.Name(names.fresh(_let_name(param, written.get(param, value))))
+        bare = value.with_changes(lpar=[], rpar=[])
+        lets.append(
+            cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(name)], bare)])
+        )
+        mapping[param] = name
+    return lets
 
 
 def rule_reads(rule: Rule, wanted: set[int]) -> set[str]:

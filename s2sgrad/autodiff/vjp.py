@@ -272,7 +272,7 @@ class Generator:
             self.hoist(args[param], env, param in rule.metadata_only)
         ph = _Placeholders(env, self.hoisted)
         converted = {p: as_expression(a.visit(ph)) for p, a in args.items()}
-        result = inline(rule, converted, grad, out, wanted, self.names)
+        result = inline(rule, converted, grad, out, wanted, self.names, args)
         body += result.statements
         for i in sorted(wanted):
             entry = result.entries[i]

@@ -16,7 +16,7 @@ import libcst as cst
 from s2sgrad.codegen import docs
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
 from s2sgrad.cst import as_statement
-from s2sgrad.lift import Lifted, Recompute, Saved, may_alias
+from s2sgrad.lift import Lifted, Recompute, Saved, may_alias, may_return_self
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import param_value
 
@@ -284,7 +284,7 @@ class _FunctionWriter:
         ]
 
     def _aliased_outputs(self) -> set[int]:
-        """Outputs that may be an input object: a parameter, or bound by `z = x`.
+        """Outputs that may be an input object: a parameter, `z = x`, `x.contiguous()`.
 
         A parameter counts even when forward rebinds it: on a path that skips the
         rebinding (`if flag: x = x * 2.0`) it is still the input object.
@@ -293,10 +293,11 @@ class _FunctionWriter:
         params = {p.name for p in diff.params}
         found = set()
         for i, output in enumerate(diff.outputs):
-            if not isinstance(output, cst.Name):
-                continue
-            name = output.value
-            if name in params or may_alias(diff, name):
+            if may_return_self(output):  # written in the return: `x.contiguous()`
+                found.add(i)
+            elif isinstance(output, cst.Name) and (
+                output.value in params or may_alias(diff, output.value)
+            ):
                 found.add(i)
         return found
 
