@@ -194,45 +194,84 @@ MAY_RETURN_SELF = {
 def may_alias(diff: Differentiator, name: str) -> bool:
     """Tell whether some binding of `name` in forward may be another name's object.
 
-    Looks at `name = value` and at the matching element of a tuple assignment
-    (`t, name = a * b, value`), where `value` is a name or a call of a method that may
-    return its object itself (`x.contiguous()`, `x.sum_to_size(x.shape)`).
+    Looks at `name = value` (also annotated, or `:=`) and at the matching element of a
+    tuple assignment (`t, name = a * b, value`; unpacking a call, `name, _ = g(x)`), and
+    counts a value that `may_return_self`. A name bound by `for` or `with ... as` counts
+    too: nothing is known of it.
     """
     for statement in diff.statements:
-        for assign in m.findall(statement, m.Assign()):
-            assert isinstance(assign, cst.Assign)
-            for target in assign.targets:
-                value = _bound_value(target.target, assign.value, name)
-                if value is not None and (
-                    isinstance(value, cst.Name) or may_return_self(value)
-                ):
+        for node in m.findall(
+            statement,
+            m.Assign() | m.AnnAssign() | m.NamedExpr() | m.For() | m.WithItem(),
+        ):
+            for target, value in _assignments(node):
+                bound = _bound_value(target, value, name)
+                if bound is not None and may_return_self(bound):
                     return True
     return False
 
 
+def _assignments(
+    node: cst.CSTNode,
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """(target, value) pairs of a binding; the value is the target itself when unknown."""
+    if isinstance(node, cst.Assign):
+        return [(t.target, node.value) for t in node.targets]
+    if isinstance(node, cst.AnnAssign):
+        return [(node.target, node.value)] if node.value is not None else []
+    if isinstance(node, cst.NamedExpr):
+        return [(node.target, node.value)]
+    if isinstance(node, cst.For):
+        return [(node.target, node.target)]
+    if isinstance(node, cst.WithItem) and node.asname is not None:
+        target = node.asname.name
+        assert isinstance(target, cst.BaseExpression)
+        return [(target, target)]
+    return []
+
+
 def may_return_self(value: cst.BaseExpression) -> bool:
-    """Tell whether `value` is a method call that may return its object itself."""
+    """Tell whether `value` may be an object that exists already, an input perhaps.
+
+    A name; a method that may return its object (`x.contiguous()`, `x.to(dtype)`,
+    `x.sum_to_size(x.shape)`); a call of a module-level function, a helper or another
+    differentiator, which may return its argument (`helper(x)`, `g(x)[0]`).
+    """
+    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Call):
+        value = value.value
     return m.matches(
         value,
-        m.Call(func=m.Attribute(attr=m.OneOf(*(m.Name(n) for n in MAY_RETURN_SELF)))),
+        m.Name()
+        | m.Call(func=m.Name())
+        | m.Call(func=m.Attribute(attr=m.OneOf(*(m.Name(n) for n in MAY_RETURN_SELF)))),
     )
 
 
 def _bound_value(
     target: cst.BaseExpression, value: cst.BaseExpression, name: str
 ) -> cst.BaseExpression | None:
-    """The expression `target = value` binds to `name`, through matching tuples."""
+    """The expression `target = value` binds to `name`, through matching tuples.
+
+    Unpacking anything but a tuple of the same length (`t, u = g(x)`) gives the whole
+    value: an element of it may be an existing object just as well.
+    """
     if isinstance(target, cst.Name):
         return value if target.value == name else None
-    if (
-        isinstance(target, (cst.Tuple, cst.List))
-        and isinstance(value, (cst.Tuple, cst.List))
-        and len(target.elements) == len(value.elements)
-    ):
-        for t, v in zip(target.elements, value.elements, strict=True):
-            found = _bound_value(t.value, v.value, name)
-            if found is not None:
-                return found
+    if isinstance(target, (cst.Tuple, cst.List)):
+        if isinstance(value, (cst.Tuple, cst.List)) and len(target.elements) == len(
+            value.elements
+        ):
+            for t, v in zip(target.elements, value.elements, strict=True):
+                found = _bound_value(t.value, v.value, name)
+                if found is not None:
+                    return found
+            return None
+        if any(
+            _bound_value(t.value, t.value, name) is not None for t in target.elements
+        ):
+            return value
+    if isinstance(target, cst.StarredElement):
+        return _bound_value(target.value, value, name)
     return None
 
 

@@ -42,7 +42,8 @@ class LeakyReluFunction(torch.autograd.Function):
     @staticmethod
     def forward(x, negative_slope):
         result, (gain,) = leaky_relu_forward(x, negative_slope=negative_slope)
-        return result, gain
+        # A view, in case it is an input: autograd cannot save an input returned as is.
+        return result, gain.view_as(gain)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

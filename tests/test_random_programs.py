@@ -19,6 +19,7 @@ strict xfail while the bug is open).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import types
@@ -483,6 +484,54 @@ def fused(a: torch.Tensor, b: torch.Tensor):
         [T("a", 2, 3), T("b", 2, 3)],
         n_outputs=2,
     )
+
+
+def test_regression_sibling_returns_the_input_object() -> None:
+    """`t1, _ = block(result, ...)`: block's forward returns its input itself, so t1 is
+    the input `result` of `fused`, returned as an output while `result` is saved."""
+    check_regression(
+        """import torch
+
+
+def block(result: torch.Tensor, alpha: float, needs_input_grad: torch.Tensor):
+    needs_input_grad_shape = result.sum_to_size(4, 1)
+    def backward(g):
+        return g.expand(result.shape), None, None
+    return needs_input_grad_shape, backward
+
+
+def fused(result: torch.Tensor, needs_input_grad: torch.Tensor, dim: int):
+    t1, _ = block(result, 0.75, needs_input_grad)
+    def backward(dout1, dout2):
+        g_result = block(result, 0.75, needs_input_grad)[1](dout1)[0]
+        return g_result, dout2, None
+    return (t1, needs_input_grad), backward
+""",
+        [T("result", 4, 1), T("needs_input_grad", 2), Param("dim", "int", value=0)],
+        n_outputs=2,
+    )
+
+
+def test_helper_returning_its_argument_is_returned_as_a_view() -> None:
+    """Next to the bug above: a module-level helper may return its argument too."""
+    source = """import torch
+
+
+def same(v):
+    return v
+
+
+def f(x: torch.Tensor):
+    t = same(x)
+    def backward(g1, g2):
+        return g1 + 2.0 * x * g2
+    return (t, x * x), backward
+"""
+    prog = dataclasses.replace(
+        program(source, [T("x", 3)], n_outputs=2), module_name="s2sgrad_regression_same"
+    )
+    check_closure(prog)
+    check_generated(prog, skip_known_bugs=False)
 
 
 def test_input_returned_as_output_not_saved() -> None:

@@ -272,14 +272,25 @@ class _FunctionWriter:
             f"{s.name}.view_as({s.name})" if s.may_alias and s.tensor else s.name
             for s in extras
         ]
+        views = sum(".view_as(" in r for r in returned)
+        what = (
+            "A view, in case it is an input"
+            if views == 1
+            else "Views, in case of inputs"
+        )
+        why = [f"    # {what}: autograd cannot save an input returned as is."] * bool(
+            views
+        )
         if not extras:
             return head + [
                 f"    {self.result} = {call}[0]",
+                *why,
                 f"    return {', '.join(returned)}",
             ]
         targets = [s.name if s in extras else "_" for s in self.lifted.context]
         return head + [
             f"    {self.result}, {_tuple(targets)} = {call}",
+            *why,
             f"    return {', '.join(returned)}",
         ]
 
@@ -293,11 +304,10 @@ class _FunctionWriter:
         params = {p.name for p in diff.params}
         found = set()
         for i, output in enumerate(diff.outputs):
-            if may_return_self(output):  # written in the return: `x.contiguous()`
-                found.add(i)
-            elif isinstance(output, cst.Name) and (
-                output.value in params or may_alias(diff, output.value)
-            ):
+            if isinstance(output, cst.Name):
+                if output.value in params or may_alias(diff, output.value):
+                    found.add(i)
+            elif may_return_self(output):  # written in the return: `x.contiguous()`
                 found.add(i)
         return found
 
