@@ -171,7 +171,10 @@ def result_names(diff: Differentiator, names: NameAllocator) -> tuple[str, ...]:
     )
 
 
-#: Tensor methods that may return the very object they are called on.
+#: Tensor methods and torch functions that may return the very object they are given
+#: (checked with torch 2.13: `x.to(x.dtype) is x`, `torch.atleast_1d(x) is x`,
+#: `F.dropout(x, training=False) is x`...). In-place methods (`x.mul_(2)`) return their
+#: object too; `may_return_self` counts every name that ends in one underscore.
 MAY_RETURN_SELF = {
     "to",
     "type",
@@ -183,11 +186,27 @@ MAY_RETURN_SELF = {
     "bfloat16",
     "cpu",
     "cuda",
-    "requires_grad_",
     "as_subclass",
     "sum_to_size",
     "flatten",
     "ravel",
+    "atleast_1d",
+    "atleast_2d",
+    "atleast_3d",
+    "as_tensor",
+    "conj",
+    "resolve_conj",
+    "resolve_neg",
+    "to_dense",
+    "real",
+    "positive",
+    "broadcast_tensors",
+    "dropout",
+    "dropout1d",
+    "dropout2d",
+    "dropout3d",
+    "alpha_dropout",
+    "feature_alpha_dropout",
 }
 
 
@@ -233,18 +252,29 @@ def _assignments(
 def may_return_self(value: cst.BaseExpression) -> bool:
     """Tell whether `value` may be an object that exists already, an input perhaps.
 
-    A name; a method that may return its object (`x.contiguous()`, `x.to(dtype)`,
-    `x.sum_to_size(x.shape)`); a call of a module-level function, a helper or another
+    A name (`x`, `x if flag else y`, `a or b`, `+x`); a method or function of
+    `MAY_RETURN_SELF` (`x.contiguous()`, `x.to(dtype)`, `torch.atleast_1d(x)`) or an
+    in-place method; a call of a module-level function, a helper or another
     differentiator, which may return its argument (`helper(x)`, `g(x)[0]`).
     """
     if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Call):
         value = value.value
-    return m.matches(
-        value,
-        m.Name()
-        | m.Call(func=m.Name())
-        | m.Call(func=m.Attribute(attr=m.OneOf(*(m.Name(n) for n in MAY_RETURN_SELF)))),
-    )
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Plus):
+        return may_return_self(value.expression)  # `+x is x`
+    if isinstance(value, cst.IfExp):
+        return may_return_self(value.body) or may_return_self(value.orelse)
+    if isinstance(value, (cst.Name, cst.BooleanOperation)):
+        return True
+    if not isinstance(value, cst.Call):
+        return False
+    func = value.func
+    if isinstance(func, cst.Name):
+        return True
+    if isinstance(func, cst.Attribute):
+        method = func.attr.value
+        in_place = method.endswith("_") and not method.endswith("__")
+        return method in MAY_RETURN_SELF or in_place
+    return False
 
 
 def _bound_value(

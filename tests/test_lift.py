@@ -1,5 +1,7 @@
 """Lifting: capture kinds, context order, late binding, shadowing and metadata."""
 
+import libcst as cst
+import pytest
 import torch
 
 from s2sgrad import transform
@@ -165,3 +167,31 @@ def f(x, square: bool):
     for flag in (True, False):
         assert torch.autograd.gradcheck(lambda t, flag=flag: ns["f"](t, flag), (x,))
         assert torch.autograd.gradgradcheck(lambda t, flag=flag: ns["f"](t, flag), (x,))
+
+
+@pytest.mark.parametrize(
+    "expression, expected",
+    [
+        ("x", True),
+        ("x.contiguous()", True),
+        ("x.to(torch.float64)", True),
+        ("torch.atleast_1d(x)", True),
+        ("F.dropout(x, training=False)", True),
+        ("x.mul_(2.0)", True),
+        ("+x", True),
+        ("x if flag else y", True),
+        ("helper(x)", True),
+        ("g(x)[0]", True),
+        ("x * 2.0", False),
+        ("torch.sin(x)", False),
+        ("x.transpose(0, 1)", False),
+        ("x[0]", False),
+        ("-x", False),
+        ("x.__neg__()", False),
+    ],
+)
+def test_may_return_self(expression, expected):
+    """What may be an object that exists already (an input), so is returned as a view."""
+    from s2sgrad.lift import may_return_self
+
+    assert may_return_self(cst.parse_expression(expression)) is expected
