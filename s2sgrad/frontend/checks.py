@@ -758,17 +758,7 @@ def check_sibling_closures(
     if not siblings:
         return []
     sibling = m.Call(func=m.Name(m.MatchIfTrue(lambda n: n in siblings)))
-    closure = m.Subscript(
-        value=sibling,
-        slice=[
-            m.SubscriptElement(
-                m.Index(
-                    m.Integer("1")
-                    | m.UnaryOperation(operator=m.Minus(), expression=m.Integer("1"))
-                )
-            )
-        ],
-    )
+    closure = _second_of(sibling)
     bw = next((d for d in nested_defs(forward) if d.name.value == backward), None)
     calls = m.findall(bw, m.Call(func=closure)) if bw else []
     called_in_backward = {id(c.func) for c in calls if isinstance(c, cst.Call)}
@@ -796,7 +786,30 @@ def check_sibling_closures(
         uses = m.findall(forward, m.Call(func=m.Name(name)))
         if uses:
             found.append(_sibling_closure_error(uses[0], call, loc, name))
+    # `pair = g(x)`, then `pair[1]`: the same closure through the pair.
+    for assign in m.findall(
+        forward, m.Assign(targets=[m.AssignTarget(m.Name())], value=sibling)
+    ):
+        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+        target = assign.targets[0].target
+        assert isinstance(target, cst.Name)
+        through = m.findall(forward, _second_of(m.Name(target.value)))
+        if through:
+            found.append(_sibling_closure_error(through[0], assign.value, loc))
     return found
+
+
+def _second_of(value: m.BaseExpression) -> m.Subscript:
+    """Match `value[1]` or `value[-1]`: the closure of a `(result, backward)` pair."""
+    one = m.Integer("1")
+    return m.Subscript(
+        value=value,
+        slice=[
+            m.SubscriptElement(
+                m.Index(one | m.UnaryOperation(operator=m.Minus(), expression=one))
+            )
+        ],
+    )
 
 
 def _sibling_closure_error(
