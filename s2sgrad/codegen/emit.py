@@ -272,15 +272,15 @@ class _FunctionWriter:
             f"{s.name}.view_as({s.name})" if s.may_alias and s.tensor else s.name
             for s in extras
         ]
+        why = []
         views = sum(".view_as(" in r for r in returned)
-        what = (
-            "A view, in case it is an input"
-            if views == 1
-            else "Views, in case of inputs"
-        )
-        why = [f"    # {what}: autograd cannot save an input returned as is."] * bool(
-            views
-        )
+        if views:
+            what = (
+                "A view, in case it is an input"
+                if views == 1
+                else "Views, in case of inputs"
+            )
+            why = [f"    # {what}: autograd cannot save an input returned as is."]
         if not extras:
             return head + [
                 f"    {self.result} = {call}[0]",
