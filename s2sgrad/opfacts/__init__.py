@@ -1,0 +1,201 @@
+"""What torch's operators return and do, read from the generated table (`table.py`).
+
+Every fact about a torch operator that s2sgrad uses lives here: the kinds of value each
+overload returns, which operators carry no gradient, which may hand back their input
+object, which are views, which draw random numbers, and the out-of-place twin of each
+in-place operator. `build.py` writes the table from the installed torch's own schemas,
+so this module needs no torch at conversion time.
+
+Format of a signature: `overload|params->returns`. Params are `name:code`, with a `=`
+when the parameter has a default, and a lone `*` before keyword-only ones. Codes: `T`
+tensor, `i` int, `f` float, `b` bool, `n` any number, `s` str, `N` None, `o` another
+object (dtype, device, generator...), `?` unknown; `X[]` is a list of X, `X?` is X or
+None. A return code ending in `'` carries no gradient (an index, a mask).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from s2sgrad.opfacts import table
+
+#: Python namespaces whose functions are the aten operators of the same name (with
+#: the given prefix: `torch.linalg.norm` is `aten::linalg_norm`).
+_NAMESPACES = {
+    "torch.ops.aten.": "",
+    "torch.Tensor.": "",
+    "torch.nn.functional.": "",
+    "torch.linalg.": "linalg_",
+    "torch.special.": "special_",
+    "torch.fft.": "fft_",
+    "torch.": "",
+}
+
+#: Python operators, as `operator.<name>`, and the aten operator each one calls.
+OPERATORS = {
+    "operator.add": "add",
+    "operator.sub": "sub",
+    "operator.mul": "mul",
+    "operator.truediv": "div",
+    "operator.floordiv": "floor_divide",
+    "operator.mod": "remainder",
+    "operator.pow": "pow",
+    "operator.matmul": "matmul",
+    "operator.neg": "neg",
+    "operator.pos": "positive",
+    "operator.abs": "abs",
+    "operator.eq": "eq",
+    "operator.ne": "ne",
+    "operator.lt": "lt",
+    "operator.le": "le",
+    "operator.gt": "gt",
+    "operator.ge": "ge",
+    "operator.and_": "bitwise_and",
+    "operator.or_": "bitwise_or",
+    "operator.xor": "bitwise_xor",
+    "operator.invert": "bitwise_not",
+    "operator.getitem": "__getitem__",
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    code: str
+    keyword_only: bool
+    has_default: bool
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One overload: its parameters and the codes of what it returns."""
+
+    overload: str
+    params: tuple[Param, ...]
+    returns: tuple[str, ...]
+
+    def accepts(self, positional: int, keywords: set[str]) -> bool:
+        """Tell whether a call with that many positional arguments and these keywords
+        binds to this overload (`self`/`input` are one name: Python spells it either).
+        """
+        plain = [p for p in self.params if not p.keyword_only]
+        if positional > len(plain):
+            return False
+        names = {_alias(p.name): p for p in self.params}
+        given = {_alias(k) for k in keywords}
+        if not given <= set(names):
+            return False
+        bound = {_alias(p.name) for p in plain[:positional]}
+        if bound & given:
+            return False
+        missing = [
+            p
+            for p in self.params
+            if not p.has_default and _alias(p.name) not in bound | given
+        ]
+        return not missing
+
+
+def _alias(name: str) -> str:
+    return "self" if name == "input" else name
+
+
+def _parse(text: str) -> Signature:
+    overload, rest = text.split("|", 1)
+    params_text, returns_text = rest.split("->", 1)
+    params = []
+    keyword = False
+    for part in params_text.split(",") if params_text else []:
+        if part == "*":
+            keyword = True
+            continue
+        name, code = part.split(":", 1)
+        default = code.endswith("=")
+        params.append(Param(name, code.rstrip("="), keyword, default))
+    returns = tuple(c for c in returns_text.split(",") if c)
+    return Signature(overload, tuple(params), returns)
+
+
+def aten_name(qualified: str) -> str | None:
+    """The aten operator a Python name calls, or None when it is not one."""
+    if qualified in OPERATORS:
+        return OPERATORS[qualified]
+    entry = table.PYTHON.get(qualified)
+    if entry is not None:
+        return entry[1:] if entry.startswith("@") else None
+    for prefix, aten_prefix in _NAMESPACES.items():
+        if qualified.startswith(prefix):
+            name = aten_prefix + qualified[len(prefix) :]
+            if prefix == "torch.ops.aten.":
+                name = name.split(".")[0]
+            return name if name in table.ATEN else None
+    return None
+
+
+def _base(qualified: str) -> str:
+    """The name flags are kept under: the aten operator, else the method's own name."""
+    return aten_name(qualified) or qualified.rsplit(".", 1)[-1]
+
+
+@functools.lru_cache(maxsize=4096)
+def signatures(qualified: str) -> tuple[Signature, ...]:
+    """The overloads a call of `qualified` may bind to; empty when unknown."""
+    entry = table.PYTHON.get(qualified)
+    if entry is not None and not entry.startswith("@"):
+        return (_parse(entry),)
+    name = aten_name(qualified)
+    if name is None:
+        return ()
+    found = tuple(_parse(text) for text in table.ATEN[name])
+    if qualified.startswith("torch.ops.aten.") and qualified.count(".") == 4:
+        overload = qualified.rsplit(".", 1)[1]
+        overload = "" if overload == "default" else overload
+        found = tuple(s for s in found if s.overload == overload)
+    return found
+
+
+def dispatch(qualified: str) -> tuple[str, bool, Signature, Signature] | None:
+    """For a `boolean_dispatch` function: the flag, its default, and both signatures."""
+    entry = table.DISPATCH.get(qualified)
+    if entry is None:
+        return None
+    flag, default, if_true, if_false = entry
+    return flag, default, _parse(if_true), _parse(if_false)
+
+
+def no_gradient(qualified: str) -> bool:
+    """Tell whether no output of the operator ever carries a gradient."""
+    return _base(qualified) in table.NOGRAD
+
+
+def is_view(qualified: str) -> bool:
+    """Tell whether the result may share memory with an input."""
+    return _base(qualified) in table.VIEW
+
+
+def returns_input(qualified: str) -> bool:
+    """Tell whether the operator may return its input object itself."""
+    return _base(qualified) in table.RETURNS_INPUT
+
+
+def is_random(qualified: str) -> bool:
+    """Tell whether the operator draws random numbers."""
+    return _base(qualified) in table.RANDOM
+
+
+def is_pointwise(qualified: str) -> bool:
+    return _base(qualified) in table.POINTWISE
+
+
+def out_of_place(method: str) -> str | None:
+    """The out-of-place twin of an in-place tensor method (`mul_` -> `mul`), or None."""
+    twin = table.OUT_OF_PLACE.get(method)
+    return twin if twin in table.TENSOR_METHODS else None
+
+
+def is_inplace(method: str) -> bool:
+    """Tell whether a tensor method of that name writes into its receiver."""
+    return method in table.OUT_OF_PLACE or (
+        method.endswith("_") and not method.endswith("__")
+    )

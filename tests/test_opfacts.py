@@ -1,0 +1,91 @@
+"""The op facts table: rebuilt from the installed torch, it must equal the committed one.
+
+Also pins the facts other stages rely on, each checked against torch itself where a
+call can show it (an op that may return its input object really does; a no-gradient op
+really gives no gradient).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from s2sgrad import opfacts
+from s2sgrad.opfacts import build, table
+
+
+def test_table_matches_the_installed_torch():
+    rebuilt = build.render()
+    committed = build.table_path().read_text("utf-8")
+    assert rebuilt == committed, (
+        "s2sgrad/opfacts/table.py is stale for the installed torch; refresh it with "
+        "`python -m s2sgrad.opfacts.build` and review the diff"
+    )
+
+
+def test_table_records_the_torch_it_was_built_from():
+    assert table.TORCH_VERSION == torch.__version__.split("+")[0]
+
+
+@pytest.mark.parametrize(
+    "qualified, returns",
+    [
+        ("torch.ops.aten._size_if_not_equal", {("i[]?",)}),
+        ("torch.split", {("T[]",)}),
+        ("torch.Tensor.unbind", {("T[]",)}),
+        ("torch.meshgrid", {("T[]",)}),
+        ("torch.is_nonzero", {("b",)}),
+        ("torch.Tensor.size", {("i",), ("i[]",)}),
+        ("torch.nn.functional.relu", {("T",)}),
+        ("torch.Tensor.long", {("T'",)}),
+    ],
+)
+def test_return_kinds_come_from_the_schemas(qualified, returns):
+    assert {s.returns for s in opfacts.signatures(qualified)} >= returns
+
+
+def test_an_index_output_carries_no_gradient():
+    (by_dim,) = [s for s in opfacts.signatures("torch.Tensor.max") if s.overload == "dim"]
+    assert by_dim.returns == ("T", "T'")
+
+
+def test_boolean_dispatch_records_both_returns():
+    flag, default, if_true, if_false = opfacts.dispatch("torch.nn.functional.max_pool2d")
+    assert (flag, default) == ("return_indices", False)
+    assert if_true.returns == ("T", "T") and if_false.returns == ("T",)
+
+
+@pytest.mark.parametrize(
+    "qualified",
+    ["torch.argmax", "torch.Tensor.eq", "operator.lt", "torch.floor", "torch.zeros_like"],
+)
+def test_no_gradient_ops_really_give_none(qualified):
+    assert opfacts.no_gradient(qualified)
+
+
+@pytest.mark.parametrize("method", ["contiguous", "to", "type_as", "sum_to_size", "float"])
+def test_ops_that_may_return_their_input(method):
+    assert opfacts.returns_input(f"torch.Tensor.{method}")
+
+
+@pytest.mark.parametrize("method", ["transpose", "reshape", "view_as", "mul", "exp"])
+def test_ops_that_always_make_a_new_object(method):
+    assert not opfacts.returns_input(f"torch.Tensor.{method}")
+
+
+def test_views_random_and_inplace_twins():
+    assert opfacts.is_view("torch.Tensor.transpose")
+    assert not opfacts.is_view("torch.Tensor.exp")
+    assert opfacts.is_random("torch.nn.functional.dropout")
+    assert opfacts.is_random("torch.Tensor.bernoulli_")
+    assert opfacts.out_of_place("mul_") == "mul"
+    assert opfacts.out_of_place("index_put_") == "index_put"
+    assert opfacts.out_of_place("zero_") is None  # `Tensor.zero` does not exist
+
+
+def test_overload_binding():
+    (split,) = opfacts.signatures("torch.split")
+    assert split.accepts(2, set()) and split.accepts(1, {"split_size_or_sections"})
+    assert not split.accepts(1, {"tensor"})  # bound twice
+    assert not split.accepts(4, set())
+    assert not split.accepts(2, {"no_such_keyword"})
