@@ -126,3 +126,14 @@ class NameRewriter(cst.CSTTransformer):
     ) -> cst.BaseExpression:
         replacement = self.rewrite(original_node.value)
         return updated_node if replacement is None else replacement
+
+
+def dotted(node: cst.CSTNode) -> bool:
+    """Whether the node is a name or a chain of attributes of a name (`torch.nn.F`).
+
+    Only such a node names a module's function: libcst calls the method in
+    `torch.ones(...).tril` "torch.ones.tril", which names nothing.
+    """
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, cst.Name)

@@ -10,20 +10,44 @@ forward (Python's late binding), and backward's body reads exactly those names.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import libcst as cst
 import libcst.matchers as m
 
-from s2sgrad.cst import bound
+from s2sgrad import opfacts
+from s2sgrad.cst import bound, dotted
 from s2sgrad.frontend.model import Capture, Differentiator, Use
 from s2sgrad.names import NameAllocator
 from s2sgrad.options import Options
-from s2sgrad.values import Value, forward_values
+from s2sgrad.values import UNKNOWN, ModuleFacts, Value, forward_values
 
 Kind = Literal["input", "output", "temporary", "constant", "metadata"]
+#: How the autograd Function keeps a value for backward: `tensor` (a tensor or None:
+#: save_for_backward), `tensors` (a list or tuple of tensors: its elements are saved),
+#: `object` (holds no tensor: a ctx attribute), `unknown` (decided at run time).
+Storage = Literal["tensor", "tensors", "object", "unknown"]
+_STORAGE_ORDER = {"tensor": 0, "tensors": 1, "object": 2, "unknown": 3}
+
+
+def storage_of(value: Value) -> Storage:
+    """How a value of this kind is kept for backward."""
+    if value.tensor is True:
+        return "tensor"
+    if value.tensor_list:
+        return "tensors"
+    if not value.holds_tensor:
+        return "object"
+    return "unknown"
+
+
+def in_context_order(entries: Iterable[Saved]) -> tuple[Saved, ...]:
+    """Order context entries: tensors first, so that `ctx.saved_tensors` is a prefix of
+    the context as is; within each storage, the order of first reference."""
+    return tuple(sorted(entries, key=lambda s: _STORAGE_ORDER[s.storage]))
+
 
 METADATA_CODE = {
     "shape": "{}.shape",
@@ -45,17 +69,25 @@ class Saved:
     kind: Kind
     #: Forward expression that computes the entry at the end of forward.
     expression: str
-    #: Saved with `save_for_backward` (a tensor) rather than as a `ctx` attribute.
-    tensor: bool
+    storage: Storage
     #: Promoted to an extra output whose gradient backward takes as `grad_<name>`.
     promoted: bool
-    #: Position among the forward parameters (inputs) or outputs (outputs).
+    #: Position among the forward parameters (inputs) or outputs (outputs), also for
+    #: the metadata of an input or an output (see `on`).
     index: int | None
     #: Line of the first read in backward.
     line: int
     #: Forward may bind it to an input object itself (`z = x`, `x.to(dtype)`), which
     #: autograd will not take back as an output to save: the Function returns a view.
     may_alias: bool = False
+    #: For metadata: `input` or `output` when it is read off a Function input or
+    #: output (`setup_context` computes it), None when forward must pass it on.
+    on: Kind | None = None
+
+    @property
+    def tensor(self) -> bool:
+        """Saved with `save_for_backward` as one tensor."""
+        return self.storage == "tensor"
 
 
 @dataclass(frozen=True)
@@ -108,27 +140,41 @@ class Lifted:
     gradients: Gradients | None = None
     #: The variables that hold each forward parameter's gradient in f_backward.
     results: tuple[str, ...] = ()
+    #: What each output of the result is (a tensor, a list of tensors...).
+    outputs: tuple[Value, ...] = ()
 
     @property
     def extras(self) -> tuple[Saved, ...]:
         """Context entries that forward must pass to `setup_context` as outputs."""
-        return tuple(s for s in self.context if s.kind not in ("input", "output"))
+        return tuple(
+            s
+            for s in self.context
+            if s.kind not in ("input", "output") and s.on is None
+        )
 
 
-def lift(diff: Differentiator, options: Options) -> Lifted:
-    """Classify the captures of `diff` and build its context."""
-    values = forward_values(diff.params, diff.statements, diff.qualified_names)
+def lift(
+    diff: Differentiator, options: Options, facts: ModuleFacts | None = None
+) -> Lifted:
+    """Classify the captures of `diff` and build its context.
+
+    `facts` says what the module's other differentiators and helpers return.
+    """
+    evaluator = forward_values(diff, facts)
+    values = evaluator.env
+    outputs = tuple(evaluator.expr(o) for o in diff.outputs)
     rebound = rebound_names(diff)
     names = NameAllocator(diff.local_names | set(diff.grad_params))
     entries: list[tuple[tuple[int, int], Saved]] = []
     replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
     for capture in diff.captures:
         if capture.metadata_only:
-            entries += _metadata_entries(capture, names, replacements)
+            on = origin(diff, capture.name, rebound)
+            entries += _metadata_entries(capture, names, replacements, on)
         else:
             saved = _classify(diff, capture, values, rebound)
             entries.append(((capture.uses[0].line, capture.uses[0].column), saved))
-    context = tuple(s for _, s in sorted(entries, key=lambda e: e[0]))
+    context = in_context_order(s for _, s in sorted(entries, key=lambda e: e[0]))
     body = diff.backward.body.visit(_Replace(replacements))
     assert isinstance(body, cst.BaseSuite)
     once = any(s.kind == "temporary" and not s.promoted for s in context)
@@ -142,6 +188,7 @@ def lift(diff: Differentiator, options: Options) -> Lifted:
         once,
         diff.statements,
         results=results,
+        outputs=outputs,
     )
 
 
@@ -171,45 +218,6 @@ def result_names(diff: Differentiator, names: NameAllocator) -> tuple[str, ...]:
     )
 
 
-#: Tensor methods and torch functions that may return the very object they are given
-#: (checked with torch 2.13: `x.to(x.dtype) is x`, `torch.atleast_1d(x) is x`,
-#: `F.dropout(x, training=False) is x`...). In-place methods (`x.mul_(2)`) return their
-#: object too; `may_return_self` counts every name that ends in one underscore.
-MAY_RETURN_SELF = {
-    "to",
-    "type",
-    "type_as",
-    "contiguous",
-    "float",
-    "double",
-    "half",
-    "bfloat16",
-    "cpu",
-    "cuda",
-    "as_subclass",
-    "sum_to_size",
-    "flatten",
-    "ravel",
-    "atleast_1d",
-    "atleast_2d",
-    "atleast_3d",
-    "as_tensor",
-    "conj",
-    "resolve_conj",
-    "resolve_neg",
-    "to_dense",
-    "real",
-    "positive",
-    "broadcast_tensors",
-    "dropout",
-    "dropout1d",
-    "dropout2d",
-    "dropout3d",
-    "alpha_dropout",
-    "feature_alpha_dropout",
-}
-
-
 def may_alias(diff: Differentiator, name: str) -> bool:
     """Tell whether some binding of `name` in forward may be another name's object.
 
@@ -225,7 +233,7 @@ def may_alias(diff: Differentiator, name: str) -> bool:
         ):
             for target, value in _assignments(node):
                 bound = _bound_value(target, value, name)
-                if bound is not None and may_return_self(bound):
+                if bound is not None and may_return_self(bound, diff.qualified_names):
                     return True
     return False
 
@@ -249,31 +257,39 @@ def _assignments(
     return []
 
 
-def may_return_self(value: cst.BaseExpression) -> bool:
+def may_return_self(
+    value: cst.BaseExpression, qualified: Mapping[cst.CSTNode, str]
+) -> bool:
     """Tell whether `value` may be an object that exists already, an input perhaps.
 
-    A name (`x`, `x if flag else y`, `a or b`, `+x`); a method or function of
-    `MAY_RETURN_SELF` (`x.contiguous()`, `x.to(dtype)`, `torch.atleast_1d(x)`) or an
-    in-place method; a call of a module-level function, a helper or another
-    differentiator, which may return its argument (`helper(x)`, `g(x)[0]`).
+    A name (`x`, `x if flag else y`, `a or b`, `+x`); an op that may return its input
+    (`x.contiguous()`, `x.to(dtype)`, `torch.atleast_1d(x)`: `opfacts.returns_input`)
+    or writes into it (`x.mul_(2)`); a call of a module-level function, a helper or
+    another differentiator, which may return its argument (`helper(x)`, `g(x)[0]`).
     """
     if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Call):
         value = value.value
     if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Plus):
-        return may_return_self(value.expression)  # `+x is x`
+        return may_return_self(value.expression, qualified)  # `+x is x`
     if isinstance(value, cst.IfExp):
-        return may_return_self(value.body) or may_return_self(value.orelse)
+        return may_return_self(value.body, qualified) or may_return_self(
+            value.orelse, qualified
+        )
     if isinstance(value, (cst.Name, cst.BooleanOperation)):
         return True
     if not isinstance(value, cst.Call):
         return False
     func = value.func
+    name = qualified.get(func) if dotted(func) else None
+    if name is not None and name.startswith("torch."):
+        return opfacts.returns_input(name)
     if isinstance(func, cst.Name):
         return True
     if isinstance(func, cst.Attribute):
         method = func.attr.value
-        in_place = method.endswith("_") and not method.endswith("__")
-        return method in MAY_RETURN_SELF or in_place
+        return opfacts.returns_input(f"torch.Tensor.{method}") or opfacts.is_inplace(
+            method
+        )
     return False
 
 
@@ -305,6 +321,43 @@ def _bound_value(
     return None
 
 
+def origin(
+    diff: Differentiator, name: str, rebound: set[str]
+) -> tuple[Kind, int] | None:
+    """Whether `name`, when forward ends, is a Function input or output, and which."""
+    params = [p.name for p in diff.params]
+    if name in params and name not in rebound:
+        return "input", params.index(name)
+    outputs = [o.value if isinstance(o, cst.Name) else None for o in diff.outputs]
+    if name in outputs:
+        return "output", outputs.index(name)
+    return None
+
+
+def classify(
+    diff: Differentiator,
+    name: str,
+    source: str,
+    value: Value,
+    where: tuple[Kind, int] | None,
+    line: int,
+    alias: bool,
+    expression: str | None = None,
+) -> Saved:
+    """Make the context entry `name` for the forward value `source` (DESIGN section 2).
+
+    `where` says whether the value is a Function input or output (`origin`); `alias`
+    whether forward may have bound it to an input object; `expression` what forward
+    reads for it when that is not `source` (a snapshot taken before a rebinding).
+    """
+    storage = storage_of(value)
+    code = expression or source
+    if where is not None:
+        return Saved(name, source, where[0], code, storage, False, where[1], line)
+    kind: Kind = "temporary" if value.diff else "constant"
+    return Saved(name, source, kind, code, storage, False, None, line, alias)
+
+
 def _classify(
     diff: Differentiator,
     capture: Capture,
@@ -312,33 +365,19 @@ def _classify(
     rebound: set[str],
 ) -> Saved:
     name = capture.name
-    line = capture.uses[0].line
-    value = values.get(name, Value(None, False))
     params = [p.name for p in diff.params]
-    if name in params and name not in rebound:
-        return Saved(
-            name,
-            name,
-            "input",
-            name,
-            bool(value.tensor),
-            False,
-            params.index(name),
-            line,
-        )
-    outputs = [o.value if isinstance(o, cst.Name) else None for o in diff.outputs]
-    if name in outputs:
-        return Saved(name, name, "output", name, True, False, outputs.index(name), line)
-    kind: Kind = "temporary" if value.diff else "constant"
     # A parameter rebound on some paths only may still be the input object itself.
     alias = name in params or may_alias(diff, name)
-    return Saved(name, name, kind, name, bool(value.tensor), False, None, line, alias)
+    value = values.get(name, UNKNOWN)
+    where = origin(diff, name, rebound)
+    return classify(diff, name, name, value, where, capture.uses[0].line, alias)
 
 
 def _metadata_entries(
     capture: Capture,
     names: NameAllocator,
     replacements: dict[cst.CSTNode, cst.BaseExpression],
+    on: tuple[Kind, int] | None,
 ) -> list[tuple[tuple[int, int], Saved]]:
     """Save each kind of metadata backward reads once, under `<name>_<kind>`."""
     entries: list[tuple[tuple[int, int], Saved]] = []
@@ -353,10 +392,11 @@ def _metadata_entries(
                 capture.name,
                 "metadata",
                 code,
+                "object",
                 False,
-                False,
-                None,
+                on[1] if on else None,
                 use.line,
+                on=on[0] if on else None,
             )
             entries.append(((use.line, use.column), saved))
         replacements[use.expression] = _metadata_read(given[use.metadata], use)

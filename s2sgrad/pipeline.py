@@ -6,7 +6,7 @@ Pure: reads no files and no environment. The CLI and the import hook both call
 
 from __future__ import annotations
 
-from s2sgrad.autodiff.plan import differentiate, sibling_of
+from s2sgrad.autodiff.plan import differentiate, module_facts
 from s2sgrad.codegen import generate
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import ParsedModule, parse
@@ -44,9 +44,9 @@ def analyse(
                 ),
             ]
         )
-    siblings = {d.name: sibling_of(d) for d in parsed.differentiators}
+    siblings, facts = module_facts(parsed)
     lifted = [
-        differentiate(lift(d, options), options, source, siblings)
+        differentiate(lift(d, options, facts), options, source, siblings, facts)
         for d in parsed.differentiators
     ]
     return parsed, lifted

@@ -1,255 +1,256 @@
-"""Abstract values of forward variables: is it a tensor, does it carry a gradient?
+"""Abstract values of forward variables: what kind of value, does it carry a gradient?
 
 Takes a differentiator's parameters and forward statements; returns, for every name the
-forward binds, a `Value` saying whether it is known to be a tensor and whether it depends
-on a differentiable input. Lifting uses this to classify captures (temporary or constant,
-`save_for_backward` or a `ctx` attribute); autodiff uses it to decide which operands of a
-forward statement need a vector-Jacobian product.
+forward binds, a `Value`: the kinds of Python value it may hold at run time (a tensor,
+None, a number, a container of values, another object) and whether it depends on a
+differentiable input. Lifting uses this to classify captures and to decide how each is
+saved; autodiff uses it to decide which operands of a statement need a vector-Jacobian
+product; codegen uses it to flatten lists of tensors into the autograd Function.
 
-The analysis is conservative where it matters for correctness: a value is only called
-non-differentiable when the expression proves it (comparisons, `.detach()`, sizes,
-integer conversions, factory functions, literals).
+What a torch call returns comes from torch's own operator schemas (`s2sgrad.opfacts`);
+Python's builtins and syntax are modelled here. Containers join everything put into
+them (`append`, `extend`, `insert`, item stores, comprehensions), so a list of tensors
+filled in a loop is known as one. The analysis is conservative where it matters: a value
+is only non-differentiable or only a non-tensor when that is proven; anything else is
+"unknown", which later stages handle in a way that is right whatever the value is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
-from s2sgrad.cst import statements
-from s2sgrad.frontend.model import Param
+from s2sgrad import opfacts
+from s2sgrad.cst import dotted, statements
+from s2sgrad.frontend.model import Differentiator, Helper, Param
+
+TENSOR, NONE, NUMBER, OTHER, SEQ = "tensor", "none", "number", "other", "seq"
+_ALL = frozenset({TENSOR, NONE, NUMBER, OTHER, SEQ})
 
 
 @dataclass(frozen=True)
 class Value:
     """What is statically known of one forward value."""
 
-    #: True: a tensor (or None in its place); False: not a tensor; None: unknown.
-    tensor: bool | None
+    #: The kinds of Python value it may hold: tensor, none, number, other, seq.
+    kinds: frozenset[str]
     #: Depends on a differentiable input.
-    diff: bool
+    diff: bool = False
+    #: For a container (`seq`): the join of its elements; None when nothing is known.
+    item: Value | None = None
+    #: For a container of known length (a tuple result): each element.
+    items: tuple[Value, ...] | None = None
+    #: For a container: `list`, `tuple` or `dict` when known.
+    form: str | None = None
 
     def join(self, other: Value) -> Value:
-        if self.tensor or other.tensor:
-            tensor: bool | None = True
-        elif self.tensor is None or other.tensor is None:
-            tensor = None
-        else:
-            tensor = False
-        return Value(tensor, self.diff or other.diff)
+        kinds = self.kinds | other.kinds
+        item = items = form = None
+        if SEQ in self.kinds and SEQ in other.kinds:
+            item = _join_optional(self.element_or_none(), other.element_or_none())
+            if (
+                self.items is not None
+                and other.items is not None
+                and len(self.items) == len(other.items)
+            ):
+                items = tuple(
+                    a.join(b) for a, b in zip(self.items, other.items, strict=True)
+                )
+            form = self.form if self.form == other.form else None
+        elif SEQ in self.kinds:
+            item, items, form = self.item, self.items, self.form
+        elif SEQ in other.kinds:
+            item, items, form = other.item, other.items, other.form
+        return Value(kinds, self.diff or other.diff, item, items, form)
+
+    def element_or_none(self) -> Value | None:
+        if self.items is not None:
+            return _join_all(self.items) if self.items else BOTTOM
+        return self.item
+
+    def element(self) -> Value:
+        """The join of the container's elements (unknown when nothing is known)."""
+        found = self.element_or_none()
+        return found if found is not None else top(self.diff)
+
+    def with_diff(self, diff: bool) -> Value:
+        return replace(self, diff=diff)
+
+    def nondiff(self) -> Value:
+        """The same kinds, carrying no gradient (elements included)."""
+        item = self.item.nondiff() if self.item is not None else None
+        items = (
+            tuple(i.nondiff() for i in self.items) if self.items is not None else None
+        )
+        return Value(self.kinds, False, item, items, self.form)
+
+    @property
+    def tensor(self) -> bool | None:
+        """True: a tensor (or None in its place); False: never holds a tensor;
+        None: anything else (a container of tensors, unknown)."""
+        if TENSOR in self.kinds and self.kinds <= {TENSOR, NONE}:
+            return True
+        return False if not self.holds_tensor else None
+
+    @property
+    def holds_tensor(self) -> bool:
+        """Whether a tensor may be in it, itself or inside a container."""
+        if TENSOR in self.kinds:
+            return True
+        return SEQ in self.kinds and self.element().holds_tensor
+
+    @property
+    def tensor_list(self) -> bool:
+        """A container whose elements are all tensors (`List[Tensor]`, `split`)."""
+        if self.kinds != {SEQ} or self.form == "dict":
+            return False
+        element = self.element_or_none()
+        return element is not None and element.tensor is True and bool(element.kinds)
 
 
-SCALAR = Value(False, False)
-CONST = Value(True, False)
-DIFF = Value(True, True)
-UNKNOWN = Value(None, False)
+def _join_optional(a: Value | None, b: Value | None) -> Value | None:
+    if a is None or b is None:
+        return None
+    return a.join(b)
 
-_SCALAR_ATTRIBUTES = {
-    "shape",
-    "ndim",
-    "dtype",
-    "device",
-    "is_cuda",
-    "requires_grad",
-    "layout",
-    "is_leaf",
+
+def _join_all(values: Iterable[Value]) -> Value:
+    out = BOTTOM
+    for value in values:
+        out = out.join(value)
+    return out
+
+
+def top(diff: bool = False) -> Value:
+    """Nothing is known of the value."""
+    return Value(_ALL, diff)
+
+
+def seq(item: Value | None, form: str | None = None, diff: bool | None = None) -> Value:
+    carried = item.diff if item is not None and diff is None else bool(diff)
+    return Value(frozenset({SEQ}), carried, item, None, form)
+
+
+def tuple_of(items: Iterable[Value], form: str | None = "tuple") -> Value:
+    items = tuple(items)
+    return Value(frozenset({SEQ}), any(i.diff for i in items), None, items, form)
+
+
+BOTTOM = Value(frozenset())
+SCALAR = Value(frozenset({NUMBER}))
+OBJECT = Value(frozenset({OTHER}))
+NONE_VALUE = Value(frozenset({NONE}))
+CONST = Value(frozenset({TENSOR}))
+DIFF = Value(frozenset({TENSOR}), True)
+SIZES = seq(SCALAR, "tuple")
+UNKNOWN = top()
+
+
+# -- annotations -----------------------------------------------------------------------
+
+_ANNOTATION_NAMES: dict[str, Value] = {
+    "Tensor": CONST,
+    "int": SCALAR,
+    "float": SCALAR,
+    "bool": SCALAR,
+    "complex": SCALAR,
+    "Number": SCALAR,
+    "SymInt": SCALAR,
+    "SymFloat": SCALAR,
+    "str": OBJECT,
+    "bytes": OBJECT,
+    "None": NONE_VALUE,
+    "NoneType": NONE_VALUE,
+    "dtype": OBJECT,
+    "device": OBJECT,
+    "layout": OBJECT,
+    "memory_format": OBJECT,
+    "Generator": OBJECT,
+    "slice": OBJECT,
+    "Size": SIZES,
 }
-_SCALAR_METHODS = {
-    "size",
-    "dim",
-    "numel",
-    "item",
-    "tolist",
-    "element_size",
-    "stride",
-    "nelement",
-    "is_contiguous",
-    "is_floating_point",
-    "storage_offset",
-    "get_device",
-    "ndimension",
+_SEQUENCES = {
+    "List": "list",
+    "list": "list",
+    "Sequence": "list",
+    "MutableSequence": "list",
+    "Tuple": "tuple",
+    "tuple": "tuple",
 }
-#: Ops whose results carry no gradient: comparisons, indices, masks (method or function).
-_NO_GRADIENT = {
-    "argmax",
-    "argmin",
-    "argsort",
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "isnan",
-    "isinf",
-    "isfinite",
-    "nonzero",
-    "logical_and",
-    "logical_or",
-    "logical_not",
-    "logical_xor",
-}
-_CONST_METHODS = _NO_GRADIENT | {
-    "detach",
-    "long",
-    "int",
-    "bool",
-    "byte",
-    "short",
-    "char",
-    "new_zeros",
-    "new_ones",
-    "new_empty",
-    "new_full",
-    "new_tensor",
-    "zero_",
-}
-_VIEW_ATTRIBUTES = {"T", "mT", "H", "mH", "real", "imag"}
-_CONST_TORCH = _NO_GRADIENT | {
-    "zeros",
-    "ones",
-    "empty",
-    "full",
-    "arange",
-    "linspace",
-    "logspace",
-    "eye",
-    "rand",
-    "randn",
-    "randint",
-    "randperm",
-    "tensor",
-    "as_tensor",
-    "zeros_like",
-    "ones_like",
-    "empty_like",
-    "full_like",
-    "rand_like",
-    "randn_like",
-    "randint_like",
-    "tril_indices",
-    "triu_indices",
-    "bernoulli",
-    "multinomial",
-    "bucketize",
-    "searchsorted",
-}
-_SCALAR_TORCH = {
-    "finfo",
-    "iinfo",
-    "Size",
-    "is_tensor",
-    "numel",
-    "is_floating_point",
-    "result_type",
-    "promote_types",
-    "get_default_dtype",
-    "device",
-}
-_SCALAR_BUILTINS = {
-    "len",
-    "int",
-    "float",
-    "bool",
-    "str",
-    "range",
-    "isinstance",
-    "tuple",
-    "list",
-    "dict",
-    "set",
-    "enumerate",
-    "zip",
-    "reversed",
-    "sorted",
-    "round",
-    "divmod",
-    "hasattr",
-    "type",
-}
-#: Calls that return a tuple of tensors.
-SEQUENCE_RESULTS = {
-    "split",
-    "chunk",
-    "unbind",
-    "tensor_split",
-    "hsplit",
-    "vsplit",
-    "dsplit",
-    "meshgrid",
-    "broadcast_tensors",
-}
-#: Methods and functions returning (values, indices): only the values carry a gradient.
-VALUES_INDICES = {
-    "max",
-    "min",
-    "sort",
-    "topk",
-    "kthvalue",
-    "median",
-    "mode",
-    "cummax",
-    "cummin",
-    "nanmedian",
-}
-_TENSOR_ANNOTATIONS = ("Tensor",)
-_NUMBER_ANNOTATIONS = {"int", "float", "bool", "complex", "Number"}
-_SCALAR_ANNOTATIONS = {
-    "int",
-    "float",
-    "bool",
-    "str",
-    "complex",
-    "bytes",
-    "None",
-    "tuple",
-    "list",
-    "dict",
-    "Sequence",
-    "Tuple",
-    "List",
-    "Size",
-    "dtype",
-    "device",
-    "Number",
-    "slice",
-}
+_MAPPINGS = {"Dict", "dict", "Mapping", "MutableMapping"}
+
+
+def annotation_value(node: cst.BaseExpression) -> Value:
+    """Read a type annotation: `torch.Tensor`, `List[torch.Tensor]`, `int | None`..."""
+    if isinstance(node, cst.SimpleString):
+        try:
+            return annotation_value(cst.parse_expression(node.evaluated_value))  # type: ignore[arg-type]
+        except (cst.ParserSyntaxError, TypeError):
+            return UNKNOWN
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
+        return annotation_value(node.left).join(annotation_value(node.right))
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        return _ANNOTATION_NAMES.get(_last(node), UNKNOWN)
+    if isinstance(node, cst.Subscript):
+        head = _last(node.value)
+        args = [e.slice.value for e in node.slice if isinstance(e.slice, cst.Index)]
+        if head == "Optional" and len(args) == 1:
+            return annotation_value(args[0]).join(NONE_VALUE)
+        if head == "Union":
+            return _join_all(annotation_value(a) for a in args)
+        if head in _SEQUENCES:
+            form = _SEQUENCES[head]
+            if form == "tuple" and not any(isinstance(a, cst.Ellipsis) for a in args):
+                return tuple_of((annotation_value(a) for a in args), "tuple")
+            inner = [a for a in args if not isinstance(a, cst.Ellipsis)]
+            return seq(annotation_value(inner[0]) if inner else UNKNOWN, form)
+        if head in _MAPPINGS and len(args) == 2:
+            return seq(annotation_value(args[1]), "dict")
+    return UNKNOWN
+
+
+def _last(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    return ""
 
 
 def param_value(param: Param) -> Value:
-    """Infer a parameter's value from its annotation, default and gradient slot."""
-    annotation = param.annotation or ""
-    words = set(
-        annotation.replace("[", " ")
-        .replace("]", " ")
-        .replace("|", " ")
-        .replace(",", " ")
-        .replace(".", " ")
-        .split()
-    )
-    if any(word in annotation for word in _TENSOR_ANNOTATIONS):
-        # `torch.Tensor | float`: a tensor or a Python number, known only at run time.
-        tensor = None if words & _NUMBER_ANNOTATIONS else True
-        return Value(tensor, param.gets_gradient)
-    if words and words <= _SCALAR_ANNOTATIONS | {
-        "Optional",
-        "Union",
-        "typing",
-        "torch",
-    }:
-        return SCALAR
+    """Infer a parameter's value from its annotation, default and gradient slot.
+
+    An unannotated parameter with a literal default takes the literal's kind; without
+    a default it is a tensor when backward may return a gradient for it.
+    """
+    annotation = param.node.annotation
+    if annotation is not None:
+        value = annotation_value(annotation.annotation)
+        if value.kinds != _ALL:
+            return _differentiable(value, param.gets_gradient)
     default = param.node.default
-    if default is not None and not _is_none(default) and _is_literal(default):
-        return SCALAR
+    if default is not None and _is_literal(default):
+        return Evaluator({}, {}).expr(default)
     if param.gets_gradient:
         return DIFF
     return UNKNOWN
 
 
-def _is_none(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Name) and node.value == "None"
+def _differentiable(value: Value, diff: bool) -> Value:
+    """Mark the tensors of a parameter's value as carrying a gradient."""
+    if not diff or not value.holds_tensor:
+        return value
+    if SEQ in value.kinds:
+        item = _differentiable(value.item, True) if value.item is not None else None
+        items = (
+            tuple(_differentiable(i, True) for i in value.items)
+            if value.items is not None
+            else None
+        )
+        return Value(value.kinds, True, item, items, value.form)
+    return value.with_diff(True)
 
 
 def _is_literal(node: cst.BaseExpression) -> bool:
@@ -274,14 +275,143 @@ def _is_literal(node: cst.BaseExpression) -> bool:
     return False
 
 
+# -- codes of the op table -----------------------------------------------------------
+
+
+def code_value(code: str, diff: bool, form: str | None = "tuple") -> Value:
+    """The value an op returns, from its code in the op table (`T`, `i[]`, `T?`)."""
+    nograd = code.endswith("'")
+    code = code.rstrip("'")
+    optional = code.endswith("?")
+    code = code.rstrip("?")
+    if code.endswith("[]"):
+        value = seq(code_value(code[:-2], diff and not nograd), form)
+    elif code == "T":
+        value = Value(frozenset({TENSOR}), diff and not nograd)
+    elif code in ("i", "f", "b", "n"):
+        value = SCALAR
+    elif code == "N":
+        value = NONE_VALUE
+    elif code in ("s", "o"):
+        value = OBJECT
+    else:
+        value = top(diff)
+    return value.join(NONE_VALUE) if optional else value
+
+
+def _fits(code: str, value: Value) -> bool:
+    """Whether an argument of that value may bind to a parameter of that code."""
+    code = code.rstrip("'")
+    if code.endswith("?") and NONE in value.kinds:
+        return True
+    code = code.rstrip("?")
+    if code == "T":
+        return TENSOR in value.kinds
+    if code in ("i", "f", "b", "n"):
+        return NUMBER in value.kinds
+    if code.endswith("[]"):
+        return bool(value.kinds & {SEQ, NUMBER})
+    if code == "N":
+        return NONE in value.kinds
+    return True
+
+
+# -- the evaluator -------------------------------------------------------------------
+
+#: Python builtins and what they return; None: depends on the arguments (see `_call`).
+_BUILTINS: dict[str, Value | None] = {
+    "len": SCALAR,
+    "int": SCALAR,
+    "float": SCALAR,
+    "bool": SCALAR,
+    "complex": SCALAR,
+    "isinstance": SCALAR,
+    "issubclass": SCALAR,
+    "hasattr": SCALAR,
+    "callable": SCALAR,
+    "id": SCALAR,
+    "hash": SCALAR,
+    "ord": SCALAR,
+    "any": SCALAR,
+    "all": SCALAR,
+    "str": OBJECT,
+    "repr": OBJECT,
+    "chr": OBJECT,
+    "format": OBJECT,
+    "type": OBJECT,
+    "slice": OBJECT,
+    "range": seq(SCALAR, "list"),
+    "list": None,
+    "tuple": None,
+    "sorted": None,
+    "reversed": None,
+    "set": None,
+    "dict": None,
+    "enumerate": None,
+    "zip": None,
+    "min": None,
+    "max": None,
+    "sum": None,
+    "abs": None,
+    "round": None,
+    "pow": None,
+    "divmod": None,
+    "getattr": None,
+    "print": NONE_VALUE,
+}
+
+#: List and dict methods that change their object, and where the new items are.
+_ADDS_ITEM = {"append": 0, "insert": 1, "setdefault": 1}
+_ADDS_ITEMS = {"extend": 0, "update": 0}
+CONTAINER_MUTATORS = frozenset(
+    {
+        *_ADDS_ITEM,
+        *_ADDS_ITEMS,
+        "pop",
+        "remove",
+        "clear",
+        "popitem",
+        "discard",
+        "reverse",
+        "sort",
+        "add",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ModuleFacts:
+    """What the module around a differentiator says about the calls it makes."""
+
+    #: The result of each other differentiator: `g(x)` is `(result, closure)`.
+    siblings: Mapping[str, Value] = field(default_factory=dict)
+    #: Plain module-level functions, whose returns are read from their bodies.
+    helpers: Mapping[str, Helper] = field(default_factory=dict)
+    #: Module-level constants (`EPS = 1e-5`).
+    constants: Mapping[str, Value] = field(default_factory=dict)
+
+
+#: How deep helper calls are followed (a helper calling a helper...).
+_HELPER_DEPTH = 4
+
+
 class Evaluator:
     """Evaluate expressions and statements over an environment of `Value`s."""
 
     def __init__(
-        self, qualified: Mapping[cst.CSTNode, str], env: dict[str, Value]
+        self,
+        qualified: Mapping[cst.CSTNode, str],
+        env: dict[str, Value],
+        facts: ModuleFacts | None = None,
+        depth: int = 0,
     ) -> None:
         self.qualified = qualified
         self.env = env
+        self.facts = facts or ModuleFacts()
+        self.siblings = self.facts.siblings
+        self.depth = depth
+        #: The join of the values `return` statements give (inside a helper).
+        self.returned = BOTTOM
 
     # -- expressions ---------------------------------------------------------------
     def expr(self, node: cst.BaseExpression) -> Value:
@@ -289,102 +419,385 @@ class Evaluator:
         if method is not None:
             result: Value = method(node)
             return result
-        return self._join_children(node)
+        return top(self._any_diff(node))
 
-    def _join_children(self, node: cst.CSTNode) -> Value:
-        value = SCALAR
+    def _any_diff(self, node: cst.CSTNode) -> bool:
+        """Whether any name the node reads carries a gradient."""
+        found = False
         for child in node.children:
-            if isinstance(child, cst.BaseExpression):
-                value = value.join(self.expr(child))
-            elif not isinstance(child, cst.BaseParenthesizableWhitespace):
-                value = value.join(self._join_children(child))
-        return value
+            if isinstance(child, cst.Name):
+                found = found or self.env.get(child.value, BOTTOM).diff
+            else:
+                found = found or self._any_diff(child)
+        return found
 
     def _Name(self, node: cst.Name) -> Value:
-        if node.value in ("True", "False", "None"):
+        if node.value in ("True", "False"):
             return SCALAR
-        return self.env.get(node.value, UNKNOWN)
+        if node.value == "None":
+            return NONE_VALUE
+        found = self.env.get(node.value)
+        if found is None:
+            return self.facts.constants.get(node.value, UNKNOWN)
+        return found
 
-    def _Integer(self, node: cst.Integer) -> Value:
+    def _Integer(self, node: cst.CSTNode) -> Value:
         return SCALAR
 
-    _Float = _Imaginary = _SimpleString = _ConcatenatedString = _FormattedString = (
-        _Integer
-    )
-    _Lambda = _Integer
+    _Float = _Imaginary = _Integer
+
+    def _SimpleString(self, node: cst.CSTNode) -> Value:
+        return OBJECT
+
+    _ConcatenatedString = _FormattedString = _Lambda = _SimpleString
+
+    def _Ellipsis(self, node: cst.Ellipsis) -> Value:
+        return OBJECT
 
     def _Attribute(self, node: cst.Attribute) -> Value:
+        qualified = self.qualified.get(node) if dotted(node) else None
+        if qualified is not None and qualified.startswith(("math.", "torch.")):
+            if qualified.startswith("math."):
+                return SCALAR
+            return OBJECT  # torch.float64, torch.pi, torch.contiguous_format...
         base = self.expr(node.value)
-        if node.attr.value in _SCALAR_ATTRIBUTES:
-            return SCALAR
-        if node.attr.value in _VIEW_ATTRIBUTES or base.tensor:
-            return base
-        return Value(base.tensor, base.diff) if base.tensor is not None else UNKNOWN
+        name = node.attr.value
+        code = opfacts.table.TENSOR_ATTRIBUTES.get(name)
+        if TENSOR in base.kinds and code is not None:
+            found = code_value(code, base.diff)
+            if base.kinds == {TENSOR}:
+                return found
+            return found.join(top(base.diff))
+        return top(base.diff)
 
     def _Subscript(self, node: cst.Subscript) -> Value:
         base = self.expr(node.value)
-        return base if base.tensor is not False else Value(None, base.diff)
+        index = self._index(node)
+        out = BOTTOM
+        if TENSOR in base.kinds:
+            out = out.join(Value(frozenset({TENSOR}), base.diff))
+        if SEQ in base.kinds:
+            sliced = len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Slice)
+            if sliced:
+                out = out.join(seq(base.element(), base.form, base.diff))
+            elif base.items is not None and index is not None:
+                out = out.join(
+                    base.items[index]
+                    if -len(base.items) <= index < len(base.items)
+                    else BOTTOM
+                )
+            else:
+                out = out.join(base.element())
+        if base.kinds - {TENSOR, SEQ, NONE}:
+            out = out.join(top(base.diff))
+        return out
+
+    @staticmethod
+    def _index(node: cst.Subscript) -> int | None:
+        if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+            return None
+        value = node.slice[0].slice.value
+        negative = False
+        if isinstance(value, cst.UnaryOperation) and isinstance(
+            value.operator, cst.Minus
+        ):
+            negative, value = True, value.expression
+        if isinstance(value, cst.Integer):
+            number = int(value.value, 0)
+            return -number if negative else number
+        return None
 
     def _Comparison(self, node: cst.Comparison) -> Value:
-        value = self._join_children(node)
-        return Value(value.tensor, False)
+        operands = [self.expr(node.left)] + [
+            self.expr(c.comparator) for c in node.comparisons
+        ]
+        identity = all(
+            isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn))
+            for c in node.comparisons
+        )
+        if identity or not any(TENSOR in o.kinds for o in operands):
+            return SCALAR
+        if any(o.tensor is True for o in operands):
+            return CONST
+        return CONST.join(SCALAR)
 
     def _UnaryOperation(self, node: cst.UnaryOperation) -> Value:
         inner = self.expr(node.expression)
         if isinstance(node.operator, cst.Not):
-            return Value(inner.tensor, False)
+            return SCALAR
+        if isinstance(node.operator, cst.BitInvert):
+            return inner.nondiff()
         return inner
+
+    def _BinaryOperation(self, node: cst.BinaryOperation) -> Value:
+        left, right = self.expr(node.left), self.expr(node.right)
+        diff = left.diff or right.diff
+        out = BOTTOM
+        if TENSOR in left.kinds or TENSOR in right.kinds:
+            nograd = isinstance(
+                node.operator,
+                (cst.FloorDivide, cst.BitAnd, cst.BitOr, cst.BitXor),
+            )
+            out = out.join(Value(frozenset({TENSOR}), diff and not nograd))
+        if NUMBER in left.kinds and NUMBER in right.kinds:
+            out = out.join(SCALAR)
+        if SEQ in left.kinds and isinstance(node.operator, cst.Add):
+            out = out.join(left.join(right) if SEQ in right.kinds else left)
+        if SEQ in left.kinds and isinstance(node.operator, cst.Multiply):
+            out = out.join(seq(left.element(), left.form))
+        if SEQ in right.kinds and isinstance(node.operator, cst.Multiply):
+            out = out.join(seq(right.element(), right.form))
+        if (left.kinds | right.kinds) & {OTHER, NONE} or not out.kinds:
+            out = out.join(top(diff))
+        return out
+
+    def _BooleanOperation(self, node: cst.BooleanOperation) -> Value:
+        return self.expr(node.left).join(self.expr(node.right))
 
     def _IfExp(self, node: cst.IfExp) -> Value:
         return self.expr(node.body).join(self.expr(node.orelse))
 
-    def _Tuple(self, node: cst.Tuple) -> Value:
-        value = SCALAR
+    def _elements(self, node: cst.Tuple | cst.List | cst.Set) -> list[Value] | None:
+        """Element values, or None when a `*starred` element hides their number."""
+        values = []
+        starred = False
         for element in node.elements:
-            value = value.join(self.expr(element.value))
-        return Value(False, value.diff)
+            value = self.expr(element.value)
+            if isinstance(element, cst.StarredElement):
+                starred = True
+                value = value.element()
+            values.append(value)
+        return None if starred else values
 
-    _List = _Tuple
+    def _Tuple(self, node: cst.Tuple) -> Value:
+        values = self._elements(node)
+        if values is None:
+            return seq(_join_all(self._flat(node)), "tuple")
+        return tuple_of(values, "tuple")
+
+    def _List(self, node: cst.List) -> Value:
+        values = self._elements(node)
+        if values is None:
+            return seq(_join_all(self._flat(node)), "list")
+        return seq(_join_all(values), "list", any(v.diff for v in values))
+
+    def _Set(self, node: cst.Set) -> Value:
+        return seq(_join_all(self._flat(node)), "set")
+
+    def _flat(self, node: cst.Tuple | cst.List | cst.Set) -> list[Value]:
+        out = []
+        for element in node.elements:
+            value = self.expr(element.value)
+            if isinstance(element, cst.StarredElement):
+                value = value.element()
+            out.append(value)
+        return out
+
+    def _Dict(self, node: cst.Dict) -> Value:
+        values = [
+            (
+                self.expr(e.value)
+                if isinstance(e, cst.DictElement)
+                else self.expr(e.value).element()
+            )
+            for e in node.elements
+        ]
+        return seq(_join_all(values), "dict", any(v.diff for v in values))
+
+    def _NamedExpr(self, node: cst.NamedExpr) -> Value:
+        value = self.expr(node.value)
+        self.bind(node.target, value)
+        return value
+
+    def _comprehension(self, node: cst.BaseComp | cst.DictComp) -> Value:
+        saved = dict(self.env)
+        comp: cst.CompFor | None = node.for_in
+        while comp is not None:
+            self.bind(comp.target, self.iterated(self.expr(comp.iter)))
+            comp = comp.inner_for_in
+        form: str | None = None
+        if isinstance(node, cst.DictComp):
+            element = self.expr(node.value)
+            form = "dict"
+        else:
+            assert isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp))
+            element = self.expr(node.elt)
+            form = {cst.ListComp: "list", cst.SetComp: "set"}.get(type(node))
+        self.env = saved
+        return seq(element, form)
+
+    _ListComp = _SetComp = _GeneratorExp = _DictComp = _comprehension
+
+    def iterated(self, value: Value) -> Value:
+        """The value of each item a `for` over `value` binds."""
+        out = BOTTOM
+        if SEQ in value.kinds:
+            out = out.join(value.element())
+        if TENSOR in value.kinds:
+            out = out.join(Value(frozenset({TENSOR}), value.diff))
+        if value.kinds - {SEQ, TENSOR}:
+            out = out.join(top(value.diff))
+        return out
+
+    def _Await(self, node: cst.Await) -> Value:
+        return top(self._any_diff(node))
 
     def _Call(self, node: cst.Call) -> Value:
-        args = SCALAR
-        for arg in node.args:
-            args = args.join(self.expr(arg.value))
-        qualified = self.qualified.get(node.func, "")
+        args = [self.expr(a.value) for a in node.args]
+        diff = any(a.diff for a in args)
         func = node.func
-        if isinstance(func, cst.Name) and func.value in _SCALAR_BUILTINS:
-            return Value(False, False) if not args.tensor else Value(None, args.diff)
+        # libcst names `torch.ones(...).tril` "torch.ones.tril": only a dotted name
+        # is a module's function; anything else is a method of the receiver.
+        qualified = self.qualified.get(func, "") if dotted(func) else ""
+        if isinstance(func, cst.Name) and func.value not in self.env:
+            if func.value in self.siblings:
+                return tuple_of([self.siblings[func.value], OBJECT])
+            helper = self.facts.helpers.get(func.value)
+            if helper is not None:
+                return self._helper(helper, node, args)
+        if isinstance(func, cst.Name) and func.value in _BUILTINS and not qualified:
+            return self._builtin(func.value, node, args)
+        if isinstance(func, cst.Name) and qualified.startswith("builtins."):
+            return self._builtin(func.value, node, args)
         if qualified.startswith("math."):
             return SCALAR
-        if qualified.startswith("torch.") and "." not in qualified[len("torch.") :]:
-            name = qualified[len("torch.") :]
-            if name in _SCALAR_TORCH:
-                return SCALAR
-            if name in _CONST_TORCH:
-                return CONST
-            return Value(True, args.diff)
         if qualified.startswith("torch."):
-            return Value(True, args.diff)
+            return self._torch(qualified, node, args, None)
         if isinstance(func, cst.Attribute):
             receiver = self.expr(func.value)
-            name = func.attr.value
-            if receiver.tensor is not False:
-                if name in _SCALAR_METHODS:
-                    return SCALAR
-                if name in _CONST_METHODS:
-                    return CONST
-                if receiver.tensor:
-                    return Value(True, receiver.diff or args.diff)
-            return (
-                receiver.join(args)
-                if receiver.tensor is not False
-                else Value(None, args.diff)
+            return self._method(func.attr.value, receiver, node, args)
+        return top(diff)
+
+    def _helper(self, helper: Helper, node: cst.Call, args: list[Value]) -> Value:
+        """What a module-level helper returns for these arguments, from its body."""
+        diff = any(a.diff for a in args)
+        if self.depth >= _HELPER_DEPTH or any(a.star for a in node.args):
+            return top(diff)
+        params = helper.node.params
+        if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.star_kwarg:
+            return top(diff)
+        ordered = [*params.posonly_params, *params.params, *params.kwonly_params]
+        inner = Evaluator(helper.qualified_names, {}, self.facts, self.depth + 1)
+        env: dict[str, Value] = {}
+        for param in ordered:
+            if param.default is not None:
+                env[param.name.value] = inner.expr(param.default)
+            elif param.annotation is not None:
+                env[param.name.value] = annotation_value(param.annotation.annotation)
+            else:
+                env[param.name.value] = top(diff)
+        positional = [v for a, v in zip(node.args, args, strict=True) if not a.keyword]
+        for param, value in zip(ordered, positional, strict=False):
+            env[param.name.value] = value
+        for arg, value in zip(node.args, args, strict=True):
+            if arg.keyword is not None:
+                env[arg.keyword.value] = value
+        inner.env = env
+        inner.run(statements(helper.node.body))
+        return inner.returned if inner.returned.kinds else top(diff)
+
+    def _builtin(self, name: str, node: cst.Call, args: list[Value]) -> Value:
+        fixed = _BUILTINS.get(name)
+        if fixed is not None:
+            return fixed
+        diff = any(a.diff for a in args)
+        first = args[0] if args else BOTTOM
+        if name in ("list", "tuple", "sorted", "reversed", "set"):
+            form = {"list": "list", "sorted": "list", "tuple": "tuple"}.get(name)
+            return seq(self.iterated(first) if args else BOTTOM, form)
+        if name == "dict":
+            return seq(top(diff), "dict")
+        if name == "enumerate":
+            return seq(tuple_of([SCALAR, self.iterated(first)]), "list")
+        if name == "zip":
+            return seq(tuple_of([self.iterated(a) for a in args]), "list")
+        if name in ("min", "max", "sum", "abs", "round", "pow"):
+            if all(a.kinds <= {NUMBER} for a in args):
+                return SCALAR
+            if len(args) == 1 and name in ("min", "max", "sum"):
+                element = self.iterated(first)
+                return element.join(SCALAR) if name == "sum" else element
+            return _join_all(args).join(top(diff)) if name != "abs" else first
+        return top(diff)
+
+    def _signature_args(
+        self, node: cst.Call, args: list[Value], receiver: Value | None
+    ) -> tuple[list[Value], dict[str, Value]] | None:
+        positional: list[Value] = [] if receiver is None else [receiver]
+        keywords: dict[str, Value] = {}
+        for arg, value in zip(node.args, args, strict=True):
+            if arg.star:
+                return None
+            if arg.keyword is None:
+                positional.append(value)
+            else:
+                keywords[arg.keyword.value] = value
+        return positional, keywords
+
+    def _torch(
+        self,
+        qualified: str,
+        node: cst.Call,
+        args: list[Value],
+        receiver: Value | None,
+    ) -> Value:
+        diff = any(a.diff for a in args) or bool(receiver and receiver.diff)
+        if opfacts.no_gradient(qualified):
+            diff = False
+        form = "list" if qualified.startswith("torch.ops.") else "tuple"
+        dispatched = opfacts.dispatch(qualified)
+        if dispatched is not None:
+            flag, default, if_true, if_false = dispatched
+            chosen = _flag(node, flag, default, if_false)
+            signatures: tuple[opfacts.Signature, ...] = (
+                (if_true,) if chosen else (if_false,)
             )
-        return Value(True if args.tensor else None, args.diff)
+            if chosen is None:
+                signatures = (if_true, if_false)
+        else:
+            signatures = opfacts.signatures(qualified)
+        if not signatures:
+            return top(diff)
+        bound = self._signature_args(node, args, receiver)
+        chosen_sigs = list(signatures)
+        if bound is not None:
+            positional, keywords = bound
+            fitting = [
+                s
+                for s in signatures
+                if s.accepts(len(positional), set(keywords))
+                and _arguments_fit(s, positional, keywords)
+            ]
+            chosen_sigs = fitting or chosen_sigs
+        results = [_returned(s.returns, diff, form) for s in chosen_sigs]
+        return _join_all(results)
+
+    def _method(
+        self, name: str, receiver: Value, node: cst.Call, args: list[Value]
+    ) -> Value:
+        diff = receiver.diff or any(a.diff for a in args)
+        out = BOTTOM
+        if TENSOR in receiver.kinds:
+            tensor = Value(frozenset({TENSOR}), receiver.diff)
+            out = out.join(self._torch(f"torch.Tensor.{name}", node, args, tensor))
+        if SEQ in receiver.kinds:
+            if name in ("copy",):
+                out = out.join(receiver)
+            elif name in ("pop", "get"):
+                out = out.join(receiver.element().join(NONE_VALUE))
+            elif name in ("index", "count"):
+                out = out.join(SCALAR)
+            elif name in ("keys", "values", "items"):
+                out = out.join(seq(top(diff)))
+            else:
+                out = out.join(NONE_VALUE if name in CONTAINER_MUTATORS else top(diff))
+        if receiver.kinds - {TENSOR, SEQ}:
+            out = out.join(top(diff))
+        return out
 
     # -- statements ----------------------------------------------------------------
-    def run(self, statements: Iterable[cst.BaseStatement]) -> None:
-        for statement in statements:
+    def run(self, body: Iterable[cst.BaseStatement]) -> None:
+        for statement in body:
             self.statement(statement)
 
     def statement(self, node: cst.BaseStatement) -> None:
@@ -395,26 +808,33 @@ class Evaluator:
             self._branches(node)
         elif isinstance(node, (cst.For, cst.While)):
             if isinstance(node, cst.For):
-                self.bind(node.target, self._iterated(node.iter))
-            for _ in range(2):  # reach the fixpoint of a two-level lattice
+                self.bind(node.target, self.iterated(self.expr(node.iter)))
+            for _ in range(3):  # reach the fixpoint (containers nest one level)
                 before = dict(self.env)
                 self.run(statements(node.body))
                 self._merge(before)
             if node.orelse is not None:
                 self.run(statements(node.orelse.body))
-        elif isinstance(node, cst.FunctionDef):
-            self.env[node.name.value] = SCALAR
-        elif isinstance(node, cst.ClassDef):
-            self.env[node.name.value] = SCALAR
-        elif isinstance(node, (cst.With, cst.Try)):
-            for item in getattr(node, "items", ()):
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            self.env[node.name.value] = OBJECT
+        elif isinstance(node, cst.With):
+            for item in node.items:
+                value = self.expr(item.item)
                 if item.asname is not None:
-                    self.bind(item.asname.name, self.expr(item.item))
+                    self.bind(item.asname.name, value)
             self.run(statements(node.body))
-
-    def _iterated(self, node: cst.BaseExpression) -> Value:
-        value = self.expr(node)
-        return Value(None, value.diff)
+        elif isinstance(node, cst.Try):
+            before = dict(self.env)
+            self.run(statements(node.body))
+            for handler in node.handlers:
+                self._merge(before)
+                if handler.name is not None:
+                    self.bind(handler.name.name, OBJECT)
+                self.run(statements(handler.body))
+            if node.orelse is not None:
+                self.run(statements(node.orelse.body))
+            if node.finalbody is not None:
+                self.run(statements(node.finalbody.body))
 
     def _branches(self, node: cst.If) -> None:
         before = dict(self.env)
@@ -438,14 +858,71 @@ class Evaluator:
             for target in node.targets:
                 self.bind(target.target, value, node.value)
         elif isinstance(node, cst.AnnAssign) and node.value is not None:
-            declared = _annotated_tensor(node.annotation.annotation)
+            declared = annotation_value(node.annotation.annotation)
             value = self.expr(node.value)
-            if declared is not None:
-                value = Value(True, value.diff) if declared else SCALAR
+            if declared.kinds != _ALL:
+                value = _differentiable(declared, value.diff)
             self.bind(node.target, value)
         elif isinstance(node, cst.AugAssign):
-            value = self.expr(node.target).join(self.expr(node.value))
-            self.bind(node.target, value)
+            current = self.expr(node.target)
+            value = self.expr(node.value)
+            if isinstance(node.target, cst.Name):
+                self.bind(node.target, self._augmented(current, value))
+            else:
+                self._store(node.target, value)
+        elif isinstance(node, cst.Expr):
+            self.expr(node.value)
+            if isinstance(node.value, cst.Call):
+                self.mutation(node.value)
+        elif isinstance(node, cst.Return):
+            value = NONE_VALUE if node.value is None else self.expr(node.value)
+            self.returned = self.returned.join(value)
+
+    def _augmented(self, target: Value, value: Value) -> Value:
+        if SEQ in target.kinds and target.kinds <= {SEQ}:
+            return target.join(seq(value.element(), target.form))
+        return target.join(value) if target.kinds else value
+
+    def mutation(self, call: cst.Call) -> None:
+        """Join what an in-place call puts into its object (`hs.append(h)`)."""
+        func = call.func
+        if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name):
+            return
+        name = func.value.value
+        if name not in self.env:
+            return
+        current = self.env[name]
+        args = [self.expr(a.value) for a in call.args]
+        method = func.attr.value
+        added: Value | None = None
+        if method in _ADDS_ITEM and len(args) > _ADDS_ITEM[method]:
+            added = args[_ADDS_ITEM[method]]
+        elif method in _ADDS_ITEMS and args:
+            added = args[0].element()
+        if SEQ in current.kinds and added is not None:
+            grown = seq(current.element_or_none(), current.form).join(
+                seq(added, current.form)
+            )
+            self.env[name] = current.join(grown)
+        elif TENSOR in current.kinds and opfacts.is_inplace(method):
+            diff = any(a.diff for a in args)
+            if opfacts.no_gradient(f"torch.Tensor.{method}"):
+                self.env[name] = current.nondiff()
+            else:
+                self.env[name] = current.with_diff(current.diff or diff)
+
+    def _store(self, target: cst.BaseExpression, value: Value) -> None:
+        """`a[i] = v`: the container (or tensor) `a` now also holds `v`."""
+        base = target
+        while isinstance(base, (cst.Subscript, cst.Attribute)):
+            base = base.value
+        if not isinstance(base, cst.Name) or base.value not in self.env:
+            return
+        current = self.env[base.value]
+        if SEQ in current.kinds and isinstance(target, cst.Subscript):
+            self.env[base.value] = current.join(seq(value, current.form))
+        else:
+            self.env[base.value] = current.with_diff(current.diff or value.diff)
 
     def bind(
         self,
@@ -456,48 +933,80 @@ class Evaluator:
         if isinstance(target, cst.Name):
             self.env[target.value] = value
         elif isinstance(target, (cst.Tuple, cst.List)):
-            parts = (
-                source.elements if isinstance(source, (cst.Tuple, cst.List)) else None
-            )
-            for i, element in enumerate(target.elements):
-                if parts is not None and len(parts) == len(target.elements):
-                    item = self.expr(parts[i].value)
+            elements = target.elements
+            starred = any(isinstance(e, cst.StarredElement) for e in elements)
+            for i, element in enumerate(elements):
+                if isinstance(element, cst.StarredElement):
+                    self.bind(element.value, seq(value.element(), "list"))
+                elif (
+                    not starred
+                    and value.items is not None
+                    and len(value.items) == len(elements)
+                ):
+                    self.bind(element.value, value.items[i])
                 else:
-                    item = self._unpacked(value, source, i)
-                self.bind(element.value, item)
-
-    def _unpacked(
-        self, value: Value, source: cst.BaseExpression | None, i: int
-    ) -> Value:
-        if isinstance(source, cst.Call) and i > 0:
-            func = source.func
-            name = (
-                func.attr.value
-                if isinstance(func, cst.Attribute)
-                else (func.value if isinstance(func, cst.Name) else "")
-            )
-            if name in VALUES_INDICES:
-                return CONST
-        return Value(value.tensor if value.tensor else None, value.diff)
+                    self.bind(element.value, self.iterated(value))
+        elif isinstance(target, (cst.Subscript, cst.Attribute)):
+            self._store(target, value)
+        elif isinstance(target, cst.StarredElement):
+            self.bind(target.value, seq(value.element(), "list"))
 
 
-def _annotated_tensor(annotation: cst.BaseExpression) -> bool | None:
-    """Read an assignment's annotation: a tensor (True), not one (False), or unknown."""
-    text = cst.Module([]).code_for_node(annotation)
-    if "Tensor" in text:
-        return True
-    if text.split("[")[0].split(".")[-1] in _SCALAR_ANNOTATIONS:
-        return False
+def _flag(
+    node: cst.Call, flag: str, default: bool, signature: opfacts.Signature
+) -> bool | None:
+    """The value of a boolean argument of a call when it is a literal or left out."""
+    names = [p.name for p in signature.params]
+    at = names.index(flag) if flag in names else len(names)
+    positional = [a for a in node.args if a.keyword is None]
+    given = [a for a in node.args if a.keyword is not None and a.keyword.value == flag]
+    if len(positional) > at:
+        given.append(positional[at])
+    if not given:
+        return None if any(a.star for a in node.args) else default
+    value = given[0].value
+    if isinstance(value, cst.Name) and value.value in ("True", "False"):
+        return value.value == "True"
     return None
 
 
-def forward_values(
-    params: Iterable[Param],
-    statements: Iterable[cst.BaseStatement],
-    qualified: Mapping[cst.CSTNode, str],
-) -> dict[str, Value]:
-    """Return the value of every forward name at the end of the forward statements."""
-    env = {p.name: param_value(p) for p in params}
-    evaluator = Evaluator(qualified, env)
-    evaluator.run(statements)
-    return evaluator.env
+def _arguments_fit(
+    signature: opfacts.Signature,
+    positional: list[Value],
+    keywords: Mapping[str, Value],
+) -> bool:
+    plain = [p for p in signature.params if not p.keyword_only]
+    for param, value in zip(plain, positional, strict=False):
+        if not _fits(param.code, value):
+            return False
+    by_name = {("self" if p.name == "input" else p.name): p for p in signature.params}
+    for key, value in keywords.items():
+        named = by_name.get("self" if key == "input" else key)
+        if named is not None and not _fits(named.code, value):
+            return False
+    return True
+
+
+def _returned(codes: tuple[str, ...], diff: bool, form: str) -> Value:
+    if len(codes) == 1:
+        return code_value(codes[0], diff, form)
+    if not codes:
+        return NONE_VALUE
+    return tuple_of([code_value(c, diff, form) for c in codes], "tuple")
+
+
+def forward_values(diff: Differentiator, facts: ModuleFacts | None = None) -> Evaluator:
+    """Run forward's statements; the evaluator's `env` holds every name's value at
+    the end of forward, and it evaluates expressions there (the result)."""
+    env = {p.name: param_value(p) for p in diff.params}
+    evaluator = Evaluator(diff.qualified_names, env, facts)
+    evaluator.run(diff.statements)
+    return evaluator
+
+
+def result_value(diff: Differentiator, facts: ModuleFacts) -> Value:
+    """What a differentiator's result is: one value, or a tuple of its outputs."""
+    evaluator = forward_values(diff, facts)
+    if diff.tuple_result:
+        return tuple_of(evaluator.expr(o) for o in diff.outputs)
+    return evaluator.expr(diff.result)

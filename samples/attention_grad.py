@@ -24,9 +24,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     Context:
         p: temporary of the inputs, promoted: its gradient flows back
         v: input
-        scale: constant (no differentiable input)
         k: input
         q: input
+        scale: constant (no differentiable input)
         scores_matmul_shape: metadata `scores_matmul.shape`
         q_dim: metadata `q.dim()`
         q_shape: metadata `q.shape`
@@ -35,7 +35,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     scores_matmul = q @ k.transpose(-2, -1)
     scores = scores_matmul * scale
     p = torch.softmax(scores, dim=-1)
-    return p @ v, (p, v, scale, k, q, scores_matmul.shape, q.dim(), q.shape)
+    return p @ v, (p, v, k, q, scale, scores_matmul.shape, q.dim(), q.shape)
 
 
 def attention_backward(ctx, grad, *, grad_p=None, needs_input_grad=None):
@@ -43,7 +43,7 @@ def attention_backward(ctx, grad, *, grad_p=None, needs_input_grad=None):
 
     The closure `backward` of samples/attention.py:22, with its captures read from `ctx`.
     """
-    p, v, scale, k, q, scores_matmul_shape, q_dim, q_shape = ctx
+    p, v, k, q, scale, scores_matmul_shape, q_dim, q_shape = ctx
     grad_q = grad_k = grad_v = None
     # The closure `backward`, as written.
     if grad is not None:
@@ -83,47 +83,43 @@ def attention_backward(ctx, grad, *, grad_p=None, needs_input_grad=None):
 class AttentionFunction(torch.autograd.Function):
     """`attention` as an autograd Function.
 
-    forward also returns p, scale, scores_matmul_shape, q_dim, q_shape, for setup_context to save.
+    forward also returns p, scale, scores_matmul_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(q, k, v):
-        result, (p, _, scale, _, _, scores_matmul_shape, q_dim, q_shape) = (
-            attention_forward(q, k, v)
+        result, (p, _, _, _, scale, scores_matmul_shape, _, _) = attention_forward(
+            q, k, v
         )
-        return result, p, scale, scores_matmul_shape, q_dim, q_shape
+        return result, p, (scale, scores_matmul_shape)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         q, k, v = inputs
-        _, p, scale, scores_matmul_shape, q_dim, q_shape = output
+        _, p, (scale, scores_matmul_shape) = output
         ctx.save_for_backward(p, v, k, q)
         ctx.scale = scale
         ctx.scores_matmul_shape = scores_matmul_shape
-        ctx.q_dim = q_dim
-        ctx.q_shape = q_shape
+        ctx.q_dim = q.dim()
+        ctx.q_shape = q.shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(
-        ctx,
-        grad,
-        grad_p,
-        grad_scale,
-        grad_scores_matmul_shape,
-        grad_q_dim,
-        grad_q_shape,
-    ):
-        if torch.compiler.is_compiling():
-            # Only a double backward sends these, and torch.compile has none.
+    def backward(ctx, grad, grad_p, *_):
+        if torch.compiler.is_compiling():  # only a double backward sends these
             grad_p = None
         if grad is None and grad_p is None:
             return None, None, None
-        p, v, k, q = ctx.saved_tensors
         return attention_backward(
-            (p, v, ctx.scale, k, q, ctx.scores_matmul_shape, ctx.q_dim, ctx.q_shape),
+            (
+                *ctx.saved_tensors,
+                ctx.scale,
+                ctx.scores_matmul_shape,
+                ctx.q_dim,
+                ctx.q_shape,
+            ),
             grad,
             grad_p=grad_p,
             needs_input_grad=ctx.needs_input_grad,
@@ -143,10 +139,10 @@ def causal_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     Context:
         p: temporary of the inputs, promoted: its gradient flows back
         v: input
-        scale: constant (no differentiable input)
         k: input
         q: input
         mask: constant (no differentiable input)
+        scale: constant (no differentiable input)
         scores_matmul_shape: metadata `scores_matmul.shape`
         q_dim: metadata `q.dim()`
         q_shape: metadata `q.shape`
@@ -156,7 +152,7 @@ def causal_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     scores_matmul = q @ k.transpose(-2, -1)
     scores = (scores_matmul * scale).masked_fill(~mask, float("-inf"))
     p = torch.softmax(scores, dim=-1)
-    return p @ v, (p, v, scale, k, q, mask, scores_matmul.shape, q.dim(), q.shape)
+    return p @ v, (p, v, k, q, mask, scale, scores_matmul.shape, q.dim(), q.shape)
 
 
 def causal_attention_backward(ctx, grad, *, grad_p=None, needs_input_grad=None):
@@ -164,7 +160,7 @@ def causal_attention_backward(ctx, grad, *, grad_p=None, needs_input_grad=None):
 
     The closure `backward` of samples/attention.py:37, with its captures read from `ctx`.
     """
-    p, v, scale, k, q, mask, scores_matmul_shape, q_dim, q_shape = ctx
+    p, v, k, q, mask, scale, scores_matmul_shape, q_dim, q_shape = ctx
     grad_q = grad_k = grad_v = None
     # The closure `backward`, as written.
     if grad is not None:
@@ -205,55 +201,39 @@ def causal_attention_backward(ctx, grad, *, grad_p=None, needs_input_grad=None):
 class CausalAttentionFunction(torch.autograd.Function):
     """`causal_attention` as an autograd Function.
 
-    forward also returns p, scale, mask, scores_matmul_shape, q_dim, q_shape, for setup_context to save.
+    forward also returns p, mask, scale, scores_matmul_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(q, k, v):
-        result, (p, _, scale, _, _, mask, scores_matmul_shape, q_dim, q_shape) = (
+        result, (p, _, _, _, mask, scale, scores_matmul_shape, _, _) = (
             causal_attention_forward(q, k, v)
         )
-        return result, p, scale, mask, scores_matmul_shape, q_dim, q_shape
+        return result, p, (mask, scale, scores_matmul_shape)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         q, k, v = inputs
-        _, p, scale, mask, scores_matmul_shape, q_dim, q_shape = output
-        ctx.save_for_backward(p, v, k, q)
+        _, p, (mask, scale, scores_matmul_shape) = output
+        ctx.save_for_backward(p, v, k, q, mask)
         ctx.scale = scale
-        ctx.mask = mask
         ctx.scores_matmul_shape = scores_matmul_shape
-        ctx.q_dim = q_dim
-        ctx.q_shape = q_shape
+        ctx.q_dim = q.dim()
+        ctx.q_shape = q.shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(
-        ctx,
-        grad,
-        grad_p,
-        grad_scale,
-        grad_mask,
-        grad_scores_matmul_shape,
-        grad_q_dim,
-        grad_q_shape,
-    ):
-        if torch.compiler.is_compiling():
-            # Only a double backward sends these, and torch.compile has none.
+    def backward(ctx, grad, grad_p, *_):
+        if torch.compiler.is_compiling():  # only a double backward sends these
             grad_p = None
         if grad is None and grad_p is None:
             return None, None, None
-        p, v, k, q = ctx.saved_tensors
         return causal_attention_backward(
             (
-                p,
-                v,
+                *ctx.saved_tensors,
                 ctx.scale,
-                k,
-                q,
-                ctx.mask,
                 ctx.scores_matmul_shape,
                 ctx.q_dim,
                 ctx.q_shape,

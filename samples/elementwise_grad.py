@@ -52,8 +52,9 @@ class MulFunction(torch.autograd.Function):
     def backward(ctx, grad):
         if grad is None:
             return None, None
-        b, a = ctx.saved_tensors
-        return mul_backward((b, a), grad, needs_input_grad=ctx.needs_input_grad)
+        return mul_backward(
+            ctx.saved_tensors, grad, needs_input_grad=ctx.needs_input_grad
+        )
 
 
 def mul(a: torch.Tensor, b: torch.Tensor):
@@ -68,11 +69,11 @@ def scaled_mul_forward(x: torch.Tensor, y: torch.Tensor, alpha: float = 1.0):
 
     Context:
         y: input
-        alpha: input
         x: input
+        alpha: input
     """
     t = x * y
-    return t * alpha, (y, alpha, x)
+    return t * alpha, (y, x, alpha)
 
 
 def scaled_mul_backward(ctx, grad, *, needs_input_grad=None):
@@ -80,7 +81,7 @@ def scaled_mul_backward(ctx, grad, *, needs_input_grad=None):
 
     The closure `backward` of samples/elementwise.py:15, with its captures read from `ctx`.
     """
-    y, alpha, x = ctx
+    y, x, alpha = ctx
     grad_x = grad_y = grad_alpha = None
     if needs_input_grad is None or needs_input_grad[0]:
         grad_x = grad * y * alpha
@@ -109,9 +110,8 @@ class ScaledMulFunction(torch.autograd.Function):
     def backward(ctx, grad):
         if grad is None:
             return None, None, None
-        y, x = ctx.saved_tensors
         return scaled_mul_backward(
-            (y, ctx.alpha, x), grad, needs_input_grad=ctx.needs_input_grad
+            (*ctx.saved_tensors, ctx.alpha), grad, needs_input_grad=ctx.needs_input_grad
         )
 
 
@@ -127,11 +127,11 @@ def div_forward(a: torch.Tensor, b: torch.Tensor):
 
     Context:
         b: input
-        a_shape: metadata `a.shape`
         out: output
+        a_shape: metadata `a.shape`
     """
     out = a / b
-    return out, (b, a.shape, out)
+    return out, (b, out, a.shape)
 
 
 def div_backward(ctx, grad, *, needs_input_grad=None):
@@ -139,7 +139,7 @@ def div_backward(ctx, grad, *, needs_input_grad=None):
 
     The closure `backward` of samples/elementwise.py:23, with its captures read from `ctx`.
     """
-    b, a_shape, out = ctx
+    b, out, a_shape = ctx
     grad_a_1 = grad_b = None
     grad_a = grad / b
     if needs_input_grad is None or needs_input_grad[0]:
@@ -150,36 +150,32 @@ def div_backward(ctx, grad, *, needs_input_grad=None):
 
 
 class DivFunction(torch.autograd.Function):
-    """`div` as an autograd Function.
-
-    forward also returns a_shape, for setup_context to save.
-    """
+    """`div` as an autograd Function."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(a, b):
-        result, (_, a_shape, _) = div_forward(a, b)
-        return result, a_shape
+        return div_forward(a, b)[0]
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, b = inputs
-        out, a_shape = output
-        ctx.save_for_backward(b, out)
-        ctx.a_shape = a_shape
+        a, b = inputs
+        ctx.save_for_backward(b, output)
+        ctx.a_shape = a.shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad, grad_a_shape):
+    def backward(ctx, grad):
         if grad is None:
             return None, None
-        b, out = ctx.saved_tensors
         return div_backward(
-            (b, ctx.a_shape, out), grad, needs_input_grad=ctx.needs_input_grad
+            (*ctx.saved_tensors, ctx.a_shape),
+            grad,
+            needs_input_grad=ctx.needs_input_grad,
         )
 
 
 def div(a: torch.Tensor, b: torch.Tensor):
     """Broadcasting elementwise quotient a / b; the gradient reuses the output."""
-    return DivFunction.apply(a, b)[0]
+    return DivFunction.apply(a, b)

@@ -100,64 +100,40 @@ def mlp_backward(ctx, grad, *, grad_a_1=None, needs_input_grad=None):
 class MlpFunction(torch.autograd.Function):
     """`mlp` as an autograd Function.
 
-    forward also returns a, a_matmul_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape, for setup_context to save.
+    forward also returns a, a_matmul_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, w1, b1, w2, b2):
-        result, (
-            _,
-            a,
-            _,
-            _,
-            a_matmul_shape,
-            x_dim,
-            x_shape,
-            w1_dim,
-            w1_shape,
-            b1_shape,
-        ) = mlp_forward(x, w1, b1, w2, b2)
-        return result, a, a_matmul_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape
+        result, (_, a, _, _, a_matmul_shape, _, _, _, _, _) = mlp_forward(
+            x, w1, b1, w2, b2
+        )
+        return result, a, (a_matmul_shape,)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, w1, _, w2, _ = inputs
-        _, a, a_matmul_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape = output
+        x, w1, b1, w2, _ = inputs
+        _, a, (a_matmul_shape,) = output
         ctx.save_for_backward(w2, a, w1, x)
         ctx.a_matmul_shape = a_matmul_shape
-        ctx.x_dim = x_dim
-        ctx.x_shape = x_shape
-        ctx.w1_dim = w1_dim
-        ctx.w1_shape = w1_shape
-        ctx.b1_shape = b1_shape
+        ctx.x_dim = x.dim()
+        ctx.x_shape = x.shape
+        ctx.w1_dim = w1.dim()
+        ctx.w1_shape = w1.shape
+        ctx.b1_shape = b1.shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(
-        ctx,
-        grad,
-        grad_a_1,
-        grad_a_matmul_shape,
-        grad_x_dim,
-        grad_x_shape,
-        grad_w1_dim,
-        grad_w1_shape,
-        grad_b1_shape,
-    ):
-        if torch.compiler.is_compiling():
-            # Only a double backward sends these, and torch.compile has none.
+    def backward(ctx, grad, grad_a_1, *_):
+        if torch.compiler.is_compiling():  # only a double backward sends these
             grad_a_1 = None
         if grad is None and grad_a_1 is None:
             return None, None, None, None, None
-        w2, a, w1, x = ctx.saved_tensors
         return mlp_backward(
             (
-                w2,
-                a,
-                w1,
-                x,
+                *ctx.saved_tensors,
                 ctx.a_matmul_shape,
                 ctx.x_dim,
                 ctx.x_shape,
@@ -289,93 +265,41 @@ def relu_mlp_backward(ctx, grad, *, grad_a=None, needs_input_grad=None):
 class ReluMlpFunction(torch.autograd.Function):
     """`relu_mlp` as an autograd Function.
 
-    forward also returns mask, a, h_shape, h_matmul_shape, x_dim, x_shape, w1_dim, w1_shape, b1_shape, for setup_context to save.
+    forward also returns mask, a, h_shape, h_matmul_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, w1, b1, w2, b2):
-        result, (
-            _,
-            mask,
-            _,
-            _,
-            a,
-            h_shape,
-            h_matmul_shape,
-            x_dim,
-            x_shape,
-            w1_dim,
-            w1_shape,
-            b1_shape,
-        ) = relu_mlp_forward(x, w1, b1, w2, b2)
-        return (
-            result,
-            mask,
-            a,
-            h_shape,
-            h_matmul_shape,
-            x_dim,
-            x_shape,
-            w1_dim,
-            w1_shape,
-            b1_shape,
+        result, (_, mask, _, _, a, h_shape, h_matmul_shape, _, _, _, _, _) = (
+            relu_mlp_forward(x, w1, b1, w2, b2)
         )
+        return result, a, (mask, h_shape, h_matmul_shape)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, w1, _, w2, _ = inputs
-        (
-            _,
-            mask,
-            a,
-            h_shape,
-            h_matmul_shape,
-            x_dim,
-            x_shape,
-            w1_dim,
-            w1_shape,
-            b1_shape,
-        ) = output
-        ctx.mark_non_differentiable(mask)
+        x, w1, b1, w2, _ = inputs
+        _, a, (mask, h_shape, h_matmul_shape) = output
         ctx.save_for_backward(w2, mask, w1, x, a)
         ctx.h_shape = h_shape
         ctx.h_matmul_shape = h_matmul_shape
-        ctx.x_dim = x_dim
-        ctx.x_shape = x_shape
-        ctx.w1_dim = w1_dim
-        ctx.w1_shape = w1_shape
-        ctx.b1_shape = b1_shape
+        ctx.x_dim = x.dim()
+        ctx.x_shape = x.shape
+        ctx.w1_dim = w1.dim()
+        ctx.w1_shape = w1.shape
+        ctx.b1_shape = b1.shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(
-        ctx,
-        grad,
-        grad_mask,
-        grad_a,
-        grad_h_shape,
-        grad_h_matmul_shape,
-        grad_x_dim,
-        grad_x_shape,
-        grad_w1_dim,
-        grad_w1_shape,
-        grad_b1_shape,
-    ):
-        if torch.compiler.is_compiling():
-            # Only a double backward sends these, and torch.compile has none.
+    def backward(ctx, grad, grad_a, *_):
+        if torch.compiler.is_compiling():  # only a double backward sends these
             grad_a = None
         if grad is None and grad_a is None:
             return None, None, None, None, None
-        w2, mask, w1, x, a = ctx.saved_tensors
         return relu_mlp_backward(
             (
-                w2,
-                mask,
-                w1,
-                x,
-                a,
+                *ctx.saved_tensors,
                 ctx.h_shape,
                 ctx.h_matmul_shape,
                 ctx.x_dim,

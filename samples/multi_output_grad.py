@@ -82,63 +82,47 @@ def mean_var_backward(ctx, grad_mean, grad_var, *, grad_xc=None):
 class MeanVarFunction(torch.autograd.Function):
     """`mean_var` as an autograd Function.
 
-    forward also returns xc, n, x_dim, x_numel, x_shape, mean_numel, mean_shape, for setup_context to save.
+    forward also returns xc, n, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, dim):
-        result, (xc, n, x_dim, x_numel, x_shape, mean_numel, mean_shape, _) = (
-            mean_var_forward(x, dim)
-        )
-        return *result, xc, n, x_dim, x_numel, x_shape, mean_numel, mean_shape
+        (mean, var), (xc, n, _, _, _, _, _, _) = mean_var_forward(x, dim)
+        return mean, var, xc, (n,)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, dim = inputs
-        mean, var, xc, n, x_dim, x_numel, x_shape, mean_numel, mean_shape = output
+        x, dim = inputs
+        mean, var, xc, (n,) = output
         ctx.save_for_backward(xc)
         ctx.n = n
-        ctx.x_dim = x_dim
-        ctx.x_numel = x_numel
-        ctx.x_shape = x_shape
-        ctx.mean_numel = mean_numel
-        ctx.mean_shape = mean_shape
+        ctx.x_dim = x.dim()
+        ctx.x_numel = x.numel()
+        ctx.x_shape = x.shape
+        ctx.mean_numel = mean.numel()
+        ctx.mean_shape = mean.shape
         ctx.dim = dim
         ctx.mean_like = mean.shape, mean.dtype, mean.device
         ctx.var_like = var.shape, var.dtype, var.device
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(
-        ctx,
-        grad_mean,
-        grad_var,
-        grad_xc,
-        grad_n,
-        grad_x_dim,
-        grad_x_numel,
-        grad_x_shape,
-        grad_mean_numel,
-        grad_mean_shape,
-    ):
-        if torch.compiler.is_compiling():
-            # Only a double backward sends these, and torch.compile has none.
+    def backward(ctx, grad_mean, grad_var, grad_xc, *_):
+        if torch.compiler.is_compiling():  # only a double backward sends these
             grad_xc = None
         if grad_mean is None and grad_var is None and grad_xc is None:
             return None, None
-        if grad_mean is not None or grad_var is not None:
-            if grad_mean is None:
-                shape, dtype, device = ctx.mean_like
-                grad_mean = torch.zeros(shape, dtype=dtype, device=device)
-            if grad_var is None:
-                shape, dtype, device = ctx.var_like
-                grad_var = torch.zeros(shape, dtype=dtype, device=device)
-        (xc,) = ctx.saved_tensors
+        if grad_mean is None:
+            shape, dtype, device = ctx.mean_like
+            grad_mean = torch.zeros(shape, dtype=dtype, device=device)
+        if grad_var is None:
+            shape, dtype, device = ctx.var_like
+            grad_var = torch.zeros(shape, dtype=dtype, device=device)
         return mean_var_backward(
             (
-                xc,
+                *ctx.saved_tensors,
                 ctx.n,
                 ctx.x_dim,
                 ctx.x_numel,
@@ -208,8 +192,7 @@ class SincosFunction(torch.autograd.Function):
         if grad_c is None:
             shape, dtype, device = ctx.c_like
             grad_c = torch.zeros(shape, dtype=dtype, device=device)
-        c, s = ctx.saved_tensors
-        return sincos_backward((c, s), grad_s, grad_c)
+        return sincos_backward(ctx.saved_tensors, grad_s, grad_c)
 
 
 def sincos(x: torch.Tensor):

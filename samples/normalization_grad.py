@@ -25,9 +25,9 @@ def layer_norm_forward(
         weight: input
         rstd: temporary of the inputs, promoted: its gradient flows back
         x_hat: temporary of the inputs, promoted: its gradient flows back
+        xc: temporary of the inputs, promoted: its gradient flows back
         bias_shape: metadata `bias.shape`
         rstd_shape: metadata `rstd.shape`
-        xc: temporary of the inputs, promoted: its gradient flows back
         xc_shape: metadata `xc.shape`
         var_numel: metadata `var.numel()`
         var_shape: metadata `var.shape`
@@ -48,9 +48,9 @@ def layer_norm_forward(
         weight,
         rstd,
         x_hat,
+        xc,
         bias.shape,
         rstd.shape,
-        xc,
         xc.shape,
         var.numel(),
         var.shape,
@@ -74,9 +74,9 @@ def layer_norm_backward(
         weight,
         rstd,
         x_hat,
+        xc,
         bias_shape,
         rstd_shape,
-        xc,
         xc_shape,
         var_numel,
         var_shape,
@@ -131,7 +131,7 @@ def layer_norm_backward(
 class LayerNormFunction(torch.autograd.Function):
     """`layer_norm` as an autograd Function.
 
-    forward also returns rstd, x_hat, bias_shape, rstd_shape, xc, xc_shape, var_numel, var_shape, var_prod_numel, var_prod_shape, x_numel, x_shape, mean_numel, mean_shape, for setup_context to save.
+    forward also returns rstd, x_hat, xc, rstd_shape, xc_shape, var_numel, var_shape, var_prod_numel, var_prod_shape, mean_numel, mean_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
@@ -142,16 +142,16 @@ class LayerNormFunction(torch.autograd.Function):
             _,
             rstd,
             x_hat,
-            bias_shape,
-            rstd_shape,
             xc,
+            _,
+            rstd_shape,
             xc_shape,
             var_numel,
             var_shape,
             var_prod_numel,
             var_prod_shape,
-            x_numel,
-            x_shape,
+            _,
+            _,
             mean_numel,
             mean_shape,
         ) = layer_norm_forward(x, weight, bias, eps=eps)
@@ -159,75 +159,55 @@ class LayerNormFunction(torch.autograd.Function):
             result,
             rstd,
             x_hat,
-            bias_shape,
-            rstd_shape,
             xc,
-            xc_shape,
-            var_numel,
-            var_shape,
-            var_prod_numel,
-            var_prod_shape,
-            x_numel,
-            x_shape,
-            mean_numel,
-            mean_shape,
+            (
+                rstd_shape,
+                xc_shape,
+                var_numel,
+                var_shape,
+                var_prod_numel,
+                var_prod_shape,
+                mean_numel,
+                mean_shape,
+            ),
         )
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, weight, _, _ = inputs
+        x, weight, bias, _ = inputs
         (
             _,
             rstd,
             x_hat,
-            bias_shape,
-            rstd_shape,
             xc,
-            xc_shape,
-            var_numel,
-            var_shape,
-            var_prod_numel,
-            var_prod_shape,
-            x_numel,
-            x_shape,
-            mean_numel,
-            mean_shape,
+            (
+                rstd_shape,
+                xc_shape,
+                var_numel,
+                var_shape,
+                var_prod_numel,
+                var_prod_shape,
+                mean_numel,
+                mean_shape,
+            ),
         ) = output
         ctx.save_for_backward(weight, rstd, x_hat, xc)
-        ctx.bias_shape = bias_shape
+        ctx.bias_shape = bias.shape
         ctx.rstd_shape = rstd_shape
         ctx.xc_shape = xc_shape
         ctx.var_numel = var_numel
         ctx.var_shape = var_shape
         ctx.var_prod_numel = var_prod_numel
         ctx.var_prod_shape = var_prod_shape
-        ctx.x_numel = x_numel
-        ctx.x_shape = x_shape
+        ctx.x_numel = x.numel()
+        ctx.x_shape = x.shape
         ctx.mean_numel = mean_numel
         ctx.mean_shape = mean_shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(
-        ctx,
-        grad,
-        grad_rstd,
-        grad_x_hat,
-        grad_bias_shape,
-        grad_rstd_shape,
-        grad_xc,
-        grad_xc_shape,
-        grad_var_numel,
-        grad_var_shape,
-        grad_var_prod_numel,
-        grad_var_prod_shape,
-        grad_x_numel,
-        grad_x_shape,
-        grad_mean_numel,
-        grad_mean_shape,
-    ):
-        if torch.compiler.is_compiling():
-            # Only a double backward sends these, and torch.compile has none.
+    def backward(ctx, grad, grad_rstd, grad_x_hat, grad_xc, *_):
+        if torch.compiler.is_compiling():  # only a double backward sends these
             grad_rstd = grad_x_hat = grad_xc = None
         if (
             grad is None
@@ -236,15 +216,11 @@ class LayerNormFunction(torch.autograd.Function):
             and grad_xc is None
         ):
             return None, None, None, None
-        weight, rstd, x_hat, xc = ctx.saved_tensors
         return layer_norm_backward(
             (
-                weight,
-                rstd,
-                x_hat,
+                *ctx.saved_tensors,
                 ctx.bias_shape,
                 ctx.rstd_shape,
-                xc,
                 ctx.xc_shape,
                 ctx.var_numel,
                 ctx.var_shape,
@@ -279,8 +255,8 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6
         weight: input
         rstd: temporary of the inputs, promoted: its gradient flows back
         x_hat: temporary of the inputs, promoted: its gradient flows back
-        rstd_shape: metadata `rstd.shape`
         x: input
+        rstd_shape: metadata `rstd.shape`
         x_shape: metadata `x.shape`
         rstd_mean_numel: metadata `rstd_mean.numel()`
         rstd_mean_shape: metadata `rstd_mean.shape`
@@ -295,8 +271,8 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6
         weight,
         rstd,
         x_hat,
-        rstd.shape,
         x,
+        rstd.shape,
         x.shape,
         rstd_mean.numel(),
         rstd_mean.shape,
@@ -316,8 +292,8 @@ def rms_norm_backward(
         weight,
         rstd,
         x_hat,
-        rstd_shape,
         x,
+        rstd_shape,
         x_shape,
         rstd_mean_numel,
         rstd_mean_shape,
@@ -351,7 +327,7 @@ def rms_norm_backward(
 class RmsNormFunction(torch.autograd.Function):
     """`rms_norm` as an autograd Function.
 
-    forward also returns rstd, x_hat, rstd_shape, x_shape, rstd_mean_numel, rstd_mean_shape, rstd_prod_numel, rstd_prod_shape, for setup_context to save.
+    forward also returns rstd, x_hat, rstd_shape, rstd_mean_numel, rstd_mean_shape, rstd_prod_numel, rstd_prod_shape, for setup_context to save.
     """
 
     generate_vmap_rule = True
@@ -362,9 +338,9 @@ class RmsNormFunction(torch.autograd.Function):
             _,
             rstd,
             x_hat,
+            _,
             rstd_shape,
             _,
-            x_shape,
             rstd_mean_numel,
             rstd_mean_shape,
             rstd_prod_numel,
@@ -374,12 +350,13 @@ class RmsNormFunction(torch.autograd.Function):
             result,
             rstd,
             x_hat,
-            rstd_shape,
-            x_shape,
-            rstd_mean_numel,
-            rstd_mean_shape,
-            rstd_prod_numel,
-            rstd_prod_shape,
+            (
+                rstd_shape,
+                rstd_mean_numel,
+                rstd_mean_shape,
+                rstd_prod_numel,
+                rstd_prod_shape,
+            ),
         )
 
     @staticmethod
@@ -389,16 +366,17 @@ class RmsNormFunction(torch.autograd.Function):
             _,
             rstd,
             x_hat,
-            rstd_shape,
-            x_shape,
-            rstd_mean_numel,
-            rstd_mean_shape,
-            rstd_prod_numel,
-            rstd_prod_shape,
+            (
+                rstd_shape,
+                rstd_mean_numel,
+                rstd_mean_shape,
+                rstd_prod_numel,
+                rstd_prod_shape,
+            ),
         ) = output
         ctx.save_for_backward(weight, rstd, x_hat, x)
         ctx.rstd_shape = rstd_shape
-        ctx.x_shape = x_shape
+        ctx.x_shape = x.shape
         ctx.rstd_mean_numel = rstd_mean_numel
         ctx.rstd_mean_shape = rstd_mean_shape
         ctx.rstd_prod_numel = rstd_prod_numel
@@ -406,31 +384,15 @@ class RmsNormFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(
-        ctx,
-        grad,
-        grad_rstd,
-        grad_x_hat,
-        grad_rstd_shape,
-        grad_x_shape,
-        grad_rstd_mean_numel,
-        grad_rstd_mean_shape,
-        grad_rstd_prod_numel,
-        grad_rstd_prod_shape,
-    ):
-        if torch.compiler.is_compiling():
-            # Only a double backward sends these, and torch.compile has none.
+    def backward(ctx, grad, grad_rstd, grad_x_hat, *_):
+        if torch.compiler.is_compiling():  # only a double backward sends these
             grad_rstd = grad_x_hat = None
         if grad is None and grad_rstd is None and grad_x_hat is None:
             return None, None, None
-        weight, rstd, x_hat, x = ctx.saved_tensors
         return rms_norm_backward(
             (
-                weight,
-                rstd,
-                x_hat,
+                *ctx.saved_tensors,
                 ctx.rstd_shape,
-                x,
                 ctx.x_shape,
                 ctx.rstd_mean_numel,
                 ctx.rstd_mean_shape,

@@ -42,22 +42,19 @@ class LeakyReluFunction(torch.autograd.Function):
     @staticmethod
     def forward(x, negative_slope):
         result, (gain,) = leaky_relu_forward(x, negative_slope=negative_slope)
-        # A view, in case it is an input: autograd cannot save an input returned as is.
-        return result, gain.view_as(gain)
+        return result, (gain,)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, gain = output
-        ctx.mark_non_differentiable(gain)
+        _, (gain,) = output
         ctx.save_for_backward(gain)
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad, grad_gain):
+    def backward(ctx, grad, *_):
         if grad is None:
             return None, None
-        (gain,) = ctx.saved_tensors
-        return leaky_relu_backward((gain,), grad)
+        return leaky_relu_backward(ctx.saved_tensors, grad)
 
 
 def leaky_relu(x: torch.Tensor, *, negative_slope: float = DEFAULT_NEGATIVE_SLOPE):
@@ -110,24 +107,22 @@ class ClampScaleFunction(torch.autograd.Function):
         result, (inside, slope, _) = clamp_scale_forward(
             x, lo, hi, scale=scale, leaky=leaky
         )
-        return result, inside, slope
+        return result, (inside, slope)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         _, _, _, scale, _ = inputs
-        _, inside, slope = output
-        ctx.mark_non_differentiable(inside)
+        _, (inside, slope) = output
         ctx.save_for_backward(inside)
         ctx.slope = slope
         ctx.scale = scale
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad, grad_inside, grad_slope):
+    def backward(ctx, grad, *_):
         if grad is None:
             return None, None, None, None, None
-        (inside,) = ctx.saved_tensors
-        return clamp_scale_backward((inside, ctx.slope, ctx.scale), grad)
+        return clamp_scale_backward((*ctx.saved_tensors, ctx.slope, ctx.scale), grad)
 
 
 def clamp_scale(

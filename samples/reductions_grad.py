@@ -32,37 +32,34 @@ def sum_dim_backward(ctx, grad):
 
 
 class SumDimFunction(torch.autograd.Function):
-    """`sum_dim` as an autograd Function.
-
-    forward also returns x_shape, for setup_context to save.
-    """
+    """`sum_dim` as an autograd Function."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, dim, keepdim):
-        result, (_, _, x_shape) = sum_dim_forward(x, dim, keepdim)
-        return result, x_shape
+        return sum_dim_forward(x, dim, keepdim)[0]
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, dim, keepdim = inputs
-        _, x_shape = output
+        x, dim, keepdim = inputs
         ctx.keepdim = keepdim
         ctx.dim = dim
-        ctx.x_shape = x_shape
+        ctx.x_shape = x.shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad, grad_x_shape):
+    def backward(ctx, grad):
         if grad is None:
             return None, None, None
-        return sum_dim_backward((ctx.keepdim, ctx.dim, ctx.x_shape), grad)
+        return sum_dim_backward(
+            (*ctx.saved_tensors, ctx.keepdim, ctx.dim, ctx.x_shape), grad
+        )
 
 
 def sum_dim(x: torch.Tensor, dim: int, keepdim: bool = False):
     """Sum over dim; backward only needs x's shape."""
-    return SumDimFunction.apply(x, dim, keepdim)[0]
+    return SumDimFunction.apply(x, dim, keepdim)
 
 
 def mean_dim_forward(x: torch.Tensor, dim: int, keepdim: bool = False):
@@ -94,31 +91,33 @@ def mean_dim_backward(ctx, grad):
 class MeanDimFunction(torch.autograd.Function):
     """`mean_dim` as an autograd Function.
 
-    forward also returns x_shape, n, for setup_context to save.
+    forward also returns n, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, dim, keepdim):
-        result, (_, _, x_shape, n) = mean_dim_forward(x, dim, keepdim)
-        return result, x_shape, n
+        result, (_, _, _, n) = mean_dim_forward(x, dim, keepdim)
+        return result, (n,)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, dim, keepdim = inputs
-        _, x_shape, n = output
+        x, dim, keepdim = inputs
+        _, (n,) = output
         ctx.keepdim = keepdim
         ctx.dim = dim
-        ctx.x_shape = x_shape
+        ctx.x_shape = x.shape
         ctx.n = n
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad, grad_x_shape, grad_n):
+    def backward(ctx, grad, *_):
         if grad is None:
             return None, None, None
-        return mean_dim_backward((ctx.keepdim, ctx.dim, ctx.x_shape, ctx.n), grad)
+        return mean_dim_backward(
+            (*ctx.saved_tensors, ctx.keepdim, ctx.dim, ctx.x_shape, ctx.n), grad
+        )
 
 
 def mean_dim(x: torch.Tensor, dim: int, keepdim: bool = False):
@@ -147,31 +146,27 @@ def sum_all_backward(ctx, grad):
 
 
 class SumAllFunction(torch.autograd.Function):
-    """`sum_all` as an autograd Function.
-
-    forward also returns x_shape, for setup_context to save.
-    """
+    """`sum_all` as an autograd Function."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x):
-        result, (x_shape,) = sum_all_forward(x)
-        return result, x_shape
+        return sum_all_forward(x)[0]
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, x_shape = output
-        ctx.x_shape = x_shape
+        (x,) = inputs
+        ctx.x_shape = x.shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad, grad_x_shape):
+    def backward(ctx, grad):
         if grad is None:
             return (None,)
-        return sum_all_backward((ctx.x_shape,), grad)
+        return sum_all_backward((*ctx.saved_tensors, ctx.x_shape), grad)
 
 
 def sum_all(x: torch.Tensor):
     """Sum of all elements to a scalar."""
-    return SumAllFunction.apply(x)[0]
+    return SumAllFunction.apply(x)

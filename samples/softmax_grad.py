@@ -49,8 +49,7 @@ class SoftmaxFunction(torch.autograd.Function):
     def backward(ctx, grad):
         if grad is None:
             return None, None
-        (y,) = ctx.saved_tensors
-        return softmax_backward((y, ctx.dim), grad)
+        return softmax_backward((*ctx.saved_tensors, ctx.dim), grad)
 
 
 def softmax(x: torch.Tensor, dim: int = -1):
@@ -100,8 +99,7 @@ class LogSoftmaxFunction(torch.autograd.Function):
     def backward(ctx, grad):
         if grad is None:
             return None, None
-        (y,) = ctx.saved_tensors
-        return log_softmax_backward((y, ctx.dim), grad)
+        return log_softmax_backward((*ctx.saved_tensors, ctx.dim), grad)
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1):

@@ -53,35 +53,33 @@ def add_mul_backward(ctx, grad, *, grad_t=None, needs_input_grad=None):
 class AddMulFunction(torch.autograd.Function):
     """`add_mul` as an autograd Function.
 
-    forward also returns t, a_shape, b_shape, for setup_context to save.
+    forward also returns t, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(a, b):
-        result, (_, t, a_shape, b_shape) = add_mul_forward(a, b)
-        return result, t, a_shape, b_shape
+        result, (_, t, _, _) = add_mul_forward(a, b)
+        return result, t
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, b = inputs
-        _, t, a_shape, b_shape = output
+        a, b = inputs
+        _, t = output
         ctx.save_for_backward(b, t)
-        ctx.a_shape = a_shape
-        ctx.b_shape = b_shape
+        ctx.a_shape = a.shape
+        ctx.b_shape = b.shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad, grad_t, grad_a_shape, grad_b_shape):
-        if torch.compiler.is_compiling():
-            # Only a double backward sends these, and torch.compile has none.
+    def backward(ctx, grad, grad_t):
+        if torch.compiler.is_compiling():  # only a double backward sends these
             grad_t = None
         if grad is None and grad_t is None:
             return None, None
-        b, t = ctx.saved_tensors
         return add_mul_backward(
-            (b, t, ctx.a_shape, ctx.b_shape),
+            (*ctx.saved_tensors, ctx.a_shape, ctx.b_shape),
             grad,
             grad_t=grad_t,
             needs_input_grad=ctx.needs_input_grad,
@@ -130,34 +128,33 @@ def squared_distance_backward(ctx, grad, *, grad_d=None, needs_input_grad=None):
 class SquaredDistanceFunction(torch.autograd.Function):
     """`squared_distance` as an autograd Function.
 
-    forward also returns d, x_shape, y_shape, for setup_context to save.
+    forward also returns d, for setup_context to save.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, y):
-        result, (d, x_shape, y_shape) = squared_distance_forward(x, y)
-        return result, d, x_shape, y_shape
+        result, (d, _, _) = squared_distance_forward(x, y)
+        return result, d
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, d, x_shape, y_shape = output
+        x, y = inputs
+        _, d = output
         ctx.save_for_backward(d)
-        ctx.x_shape = x_shape
-        ctx.y_shape = y_shape
+        ctx.x_shape = x.shape
+        ctx.y_shape = y.shape
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad, grad_d, grad_x_shape, grad_y_shape):
-        if torch.compiler.is_compiling():
-            # Only a double backward sends these, and torch.compile has none.
+    def backward(ctx, grad, grad_d):
+        if torch.compiler.is_compiling():  # only a double backward sends these
             grad_d = None
         if grad is None and grad_d is None:
             return None, None
-        (d,) = ctx.saved_tensors
         return squared_distance_backward(
-            (d, ctx.x_shape, ctx.y_shape),
+            (*ctx.saved_tensors, ctx.x_shape, ctx.y_shape),
             grad,
             grad_d=grad_d,
             needs_input_grad=ctx.needs_input_grad,

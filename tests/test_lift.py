@@ -40,12 +40,15 @@ def f(x, w, n: int, *, scale: float = 2.0):
 
 
 def test_capture_kinds_and_order_of_first_reference():
+    """Tensors first (so `ctx.saved_tensors` is the context's prefix), then the rest;
+    each in the order backward first reads them."""
     result = lifted(KINDS)
     assert [(s.name, s.kind) for s in result.context] == [
-        ("y", "output"), ("scale", "input"), ("w", "input"), ("mask", "constant"),
-        ("k", "constant"), ("x", "input"), ("h", "temporary"),
+        ("y", "output"), ("w", "input"), ("mask", "constant"), ("x", "input"),
+        ("h", "temporary"), ("scale", "input"), ("k", "constant"),
     ]
     assert [s.name for s in result.context if s.tensor] == ["y", "w", "mask", "x", "h"]
+    assert [s.storage for s in result.context][-2:] == ["object", "object"]
     assert result.once_differentiable
 
 
@@ -194,4 +197,4 @@ def test_may_return_self(expression, expected):
     """What may be an object that exists already (an input), so is returned as a view."""
     from s2sgrad.lift import may_return_self
 
-    assert may_return_self(cst.parse_expression(expression)) is expected
+    assert may_return_self(cst.parse_expression(expression), {}) is expected

@@ -69,7 +69,7 @@ def records(source, options=None):
 CUBIC = """import torch
 
 
-def cubic(x, y, alpha: float = 1.0):
+def cubic(x: torch.Tensor, y: torch.Tensor, alpha: float = 1.0):
     s = x * x
     n = x.numel()
     def backward(grad):
@@ -85,7 +85,8 @@ def by_name(record):
 def test_records_say_what_each_capture_is_and_how_it_is_kept():
     (record,) = records(CUBIC)
     captures = by_name(record)
-    assert list(captures)[:4] == ["s", "alpha", "n", "y"]  # the closure's, in order
+    # The closure's, in context order: tensors first, each by first reference.
+    assert list(captures)[:4] == ["s", "y", "alpha", "n"]
     s, alpha, n = captures["s"], captures["alpha"], captures["n"]
     assert (s.kind, s.promoted, s.read_by, s.line) == ("temporary", True, "closure", 8)
     assert s.saved == "extra output, ctx.save_for_backward"
@@ -95,9 +96,11 @@ def test_records_say_what_each_capture_is_and_how_it_is_kept():
         "ctx.alpha",
         False,
     )
-    assert (n.kind, n.saved) == ("constant", "extra output, ctx.n")
+    assert (n.kind, n.saved) == ("constant", "passed on from forward in a tuple, ctx.n")
     assert "x * x" in " ".join(record.vjp_statements)
-    assert record.source.text.startswith("def cubic(x, y, alpha: float = 1.0):\n")
+    assert record.source.text.startswith(
+        "def cubic(x: torch.Tensor, y: torch.Tensor, alpha: float = 1.0):\n"
+    )
     assert record.source.first_line == 4
     titles = [snippet.title for snippet in record.generated]
     assert titles == ["ops_grad.py: cubic_forward", "ops_grad.py: cubic_backward"]
@@ -108,13 +111,13 @@ def test_context_layout_follows_the_tuple_forward_returns():
     (record,) = records(CUBIC)
     assert [slot.name for slot in record.context] == [
         "s",
-        "alpha",
-        "n",
         "y",
         "x",
+        "alpha",
+        "n",
         "x_shape",
     ]
-    assert "return s * x, (s, alpha, n, y, x, x.shape)" in record.generated[0].text
+    assert "return s * x, (s, y, x, alpha, n, x.shape)" in record.generated[0].text
     tensors = [
         slot for slot in record.context if slot.location.startswith("ctx.saved_tensors")
     ]
@@ -126,8 +129,8 @@ def test_context_layout_follows_the_tuple_forward_returns():
 
 def test_recomputed_temporary_says_why_and_is_not_saved():
     source = CUBIC.replace(
-        "def cubic(x, y, alpha: float = 1.0):",
-        "def cubic(x, y, alpha: float = 1.0):  # s2sgrad: policy=recompute",
+        "def cubic(x: torch.Tensor, y: torch.Tensor, alpha: float = 1.0):",
+        "def cubic(x: torch.Tensor, y: torch.Tensor, alpha: float = 1.0):  # s2sgrad: policy=recompute",
     )
     (record,) = records(source)
     (temporary,) = record.temporaries
@@ -154,7 +157,7 @@ def test_first_order_temporary_is_saved_only():
     assert record.once_differentiable
     assert (
         by_name(record)["s"].saved
-        == "extra output (non-differentiable), ctx.save_for_backward"
+        == "passed on from forward in a tuple, ctx.save_for_backward"
     )
 
 

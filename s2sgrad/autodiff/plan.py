@@ -27,19 +27,27 @@ from s2sgrad.autodiff.vjp import (
     slice_of,
 )
 from s2sgrad.cst import as_expression, as_statement, bound
-from s2sgrad.frontend.model import METADATA_ATTRIBUTES, METADATA_METHODS, Differentiator
+from s2sgrad.frontend.model import (
+    METADATA_ATTRIBUTES,
+    METADATA_METHODS,
+    Differentiator,
+    ParsedModule,
+)
 from s2sgrad.lift import (
     METADATA_CODE,
     Gradients,
-    Kind,
     Lifted,
     Recompute,
     Saved,
+    classify,
+    in_context_order,
     may_alias,
+    origin,
     rebound_names,
 )
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Options
+from s2sgrad.values import UNKNOWN, Evaluator, ModuleFacts, Value, result_value
 
 
 class _Reads(cst.CSTVisitor):
@@ -147,15 +155,15 @@ class Planner:
         options: Options,
         source: str,
         siblings: Mapping[str, Sibling] | None = None,
+        facts: ModuleFacts | None = None,
     ) -> None:
         self.siblings = siblings or {}
+        self.facts = facts or ModuleFacts()
         self.lifted = lifted
         self.diff = lifted.source
         self.policy = self.diff.pragmas.get("policy", options.policy)
         self.source = source.splitlines()
-        self.program: Program = build(
-            self.diff, self.diff.statement_lines, self.siblings
-        )
+        self.program: Program = build(self.diff, self.diff.statement_lines, self.facts)
         self.at_end = self.program.at_end()
         self.by_id = {v.id: v for v in self.program.versions}
         self.backward_locals = _backward_locals(self.diff)
@@ -201,13 +209,13 @@ class Planner:
     ) -> str | None:
         if self.policy == "recompute":
             return "the recompute policy is set for this function"
-        if not temp.tensor:
-            return "it is not known to be a tensor, so it cannot be an extra output"
         try:
             attempt = self._attempt([temp], names.child(), results)
             self._check_reads(attempt)
         except NoRule as exc:
             return f"line {exc.line}: {exc.reason}" if exc.line else exc.reason
+        if not temp.tensor:
+            return "it is not known to be a tensor, so it cannot be an extra output"
         return None
 
     def _attempt(
@@ -229,6 +237,7 @@ class Planner:
             accumulators,
             self.source,
             self.siblings,
+            self.facts,
         )
         if not temps:
             return _Attempt(generator, set(), [])
@@ -248,13 +257,25 @@ class Planner:
         return reads.reads
 
     def _check_reads(self, attempt: _Attempt) -> None:
-        for version_id, _ in self._reads(attempt):
+        for version_id, metadata in self._reads(attempt):
             version = self.by_id[version_id]
             if version.id not in self.at_end and version.in_branch:
                 raise NoRule(
                     0,
                     f"backward would read `{version.name}` where a branch "
                     "of forward rebinds it",
+                )
+            value = version.value
+            if (
+                metadata is None
+                and value.diff
+                and value.tensor is not True
+                and not version.is_param
+            ):
+                raise NoRule(
+                    0,
+                    f"the generated VJP would read `{version.name}`, which is not "
+                    "known to be one tensor, so it cannot be an extra output",
                 )
 
     # -- assembling the result ----------------------------------------------------------
@@ -315,7 +336,7 @@ class Planner:
         )
         return replace(
             self.lifted,
-            context=tuple(entries),
+            context=in_context_order(entries),
             forward_statements=tuple(forward),
             gradients=gradients,
             once_differentiable=False,
@@ -350,7 +371,7 @@ class Planner:
                                 version.name,
                                 "metadata",
                                 snap,
-                                False,
+                                "object",
                                 False,
                                 None,
                                 0,
@@ -380,28 +401,18 @@ class Planner:
         return name
 
     def _classify(self, version: Version, name: str, source: str) -> Saved:
-        params = [p.name for p in self.diff.params]
-        outputs = [
-            o.value if isinstance(o, cst.Name) else None for o in self.diff.outputs
-        ]
-        tensor = bool(version.value.tensor)
         final = version.id in self.at_end
+        params = [p.name for p in self.diff.params]
+        where = origin(self.diff, source, self.rebound) if final else None
         if version.is_param and final:
-            return Saved(
-                name, source, "input", source, tensor, False, params.index(source), 0
-            )
-        if final and source in outputs:
-            return Saved(
-                name, source, "output", source, True, False, outputs.index(source), 0
-            )
-        kind: Kind = "temporary" if version.value.diff and tensor else "constant"
+            where = ("input", params.index(source))
         # A snapshot of a parameter, or a name bound to another's object, may be an input.
         alias = (
             version.is_param
             or source in params
             or (final and may_alias(self.diff, source))
         )
-        return Saved(name, source, kind, source, tensor, False, None, 0, alias)
+        return classify(self.diff, name, source, version.value, where, 0, alias)
 
     def _meta_entry(
         self, source: str, kind: str, ctx: _Context, names: NameAllocator
@@ -411,7 +422,20 @@ class Planner:
             if saved.kind == "metadata" and saved.expression == code:
                 return saved.name
         name = names.fresh(f"{source}_{kind}")
-        ctx.entries.append(Saved(name, source, "metadata", code, False, False, None, 0))
+        where = origin(self.diff, source, self.rebound)
+        ctx.entries.append(
+            Saved(
+                name,
+                source,
+                "metadata",
+                code,
+                "object",
+                False,
+                where[1] if where else None,
+                0,
+                on=where[0] if where else None,
+            )
+        )
         return name
 
     def _recompute(
@@ -436,9 +460,17 @@ class Planner:
                 first = names.fresh(f"{param}_0")
                 ctx.snapshots.setdefault(-1, []).append((first, param))
                 index = [p.name for p in self.diff.params].index(param)
-                tensor = bool(version.value.tensor)
                 ctx.entries.append(
-                    Saved(first, param, "input", first, tensor, False, index, 0)
+                    classify(
+                        self.diff,
+                        first,
+                        param,
+                        version.value,
+                        ("input", index),
+                        0,
+                        False,
+                        expression=first,
+                    )
                 )
                 args.append(first)
             else:
@@ -569,7 +601,7 @@ def _backward_locals(diff: Differentiator) -> set[str]:
     return {p.name.value for p in backward.params.params} | bound(backward.body)
 
 
-def sibling_of(diff: Differentiator) -> Sibling:
+def sibling_of(diff: Differentiator, result: Value = UNKNOWN) -> Sibling:
     """Describe a differentiator as the rule for calls to it from its siblings."""
     names = Names.of(diff.name)
     returns = m.findall(diff.backward.body, m.Return())
@@ -577,7 +609,25 @@ def sibling_of(diff: Differentiator) -> Sibling:
         isinstance(r, cst.Return) and isinstance(r.value, cst.Tuple) for r in returns
     )
     params = tuple(p.name for p in diff.params)
-    return Sibling(diff.name, params, names.forward, names.backward, bare)
+    return Sibling(diff.name, params, names.forward, names.backward, bare, result)
+
+
+def module_facts(parsed: ParsedModule) -> tuple[dict[str, Sibling], ModuleFacts]:
+    """Describe every differentiator of a module as a rule for the others, and what
+    the module tells about calls (their results, its helpers).
+
+    What each one returns depends on what the others it calls return: a few rounds
+    over the module reach the answer whatever the order they are defined in.
+    """
+    diffs = parsed.differentiators
+    constant = Evaluator({}, {})
+    constants = {n: constant.expr(e) for n, e in parsed.constants.items()}
+    facts = ModuleFacts({d.name: UNKNOWN for d in diffs}, parsed.helpers, constants)
+    for _ in range(min(len(diffs), 4)):
+        results = {d.name: result_value(d, facts) for d in diffs}
+        facts = ModuleFacts(results, parsed.helpers, constants)
+    siblings = {d.name: sibling_of(d, facts.siblings[d.name]) for d in diffs}
+    return siblings, facts
 
 
 def differentiate(
@@ -585,6 +635,7 @@ def differentiate(
     options: Options,
     source: str,
     siblings: Mapping[str, Sibling] | None = None,
+    facts: ModuleFacts | None = None,
 ) -> Lifted:
     """Complete `lifted` with the gradients of its temporaries."""
-    return Planner(lifted, options, source, siblings).plan()
+    return Planner(lifted, options, source, siblings, facts).plan()

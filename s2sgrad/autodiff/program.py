@@ -10,7 +10,7 @@ gradient flowing into the merge reaches whichever branch ran.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -18,7 +18,15 @@ import libcst.matchers as m
 
 from s2sgrad.cst import bound, bound_target, statements
 from s2sgrad.frontend.model import Differentiator
-from s2sgrad.values import Evaluator, Value, param_value
+from s2sgrad.values import (
+    OBJECT,
+    UNKNOWN,
+    Evaluator,
+    ModuleFacts,
+    Value,
+    param_value,
+)
+from s2sgrad.values import top as unknown
 
 _AUG_TO_BINARY: dict[type[cst.BaseAugOp], type[cst.BaseBinaryOp]] = {
     cst.AddAssign: cst.Add,
@@ -117,11 +125,12 @@ class _Builder:
         self,
         diff: Differentiator,
         lines: Mapping[cst.CSTNode, int],
-        siblings: Collection[str],
+        facts: ModuleFacts,
     ) -> None:
         self.diff = diff
         self.lines = lines
-        self.siblings = siblings
+        self.facts = facts
+        self.siblings = facts.siblings
         self.versions: list[Version] = []
         self.sides: dict[int, list[Version]] = {}
         self.partial: set[int] = set()
@@ -133,7 +142,7 @@ class _Builder:
 
     def value(self, node: cst.BaseExpression, env: Mapping[str, Version]) -> Value:
         values = {name: v.value for name, v in env.items()}
-        return Evaluator(self.diff.qualified_names, values).expr(node)
+        return Evaluator(self.diff.qualified_names, values, self.facts).expr(node)
 
     def block(
         self,
@@ -163,7 +172,7 @@ class _Builder:
         if isinstance(node, cst.If):
             return [self.branch(node, env, top, line)]
         created = [
-            self.new(n, Value(None, True), top, in_branch) for n in sorted(bound(node))
+            self.new(n, unknown(True), top, in_branch) for n in sorted(bound(node))
         ]
         env.update({v.name: v for v in created})
         kind = type(node).__name__
@@ -187,9 +196,7 @@ class _Builder:
             if a is b and a is not None:
                 env[name] = a
                 continue
-            value = (a.value if a else Value(None, False)).join(
-                b.value if b else Value(None, False)
-            )
+            value = (a.value if a else UNKNOWN).join(b.value if b else UNKNOWN)
             merged = self.new(name, value, top, False)
             merges.append((merged, a, b))
             if a is None or b is None:
@@ -237,7 +244,7 @@ class _Builder:
         names = sorted(bound(node))
         if not names:
             return []
-        created = [self.new(n, Value(None, True), top, in_branch) for n in names]
+        created = [self.new(n, unknown(True), top, in_branch) for n in names]
         env.update({v.name: v for v in created})
         return [Opaque(created, line, "a statement with no derivative rule")]
 
@@ -277,9 +284,7 @@ class _Builder:
                 result, first_of(value), statement, before, env, top, in_branch, line
             )
             if isinstance(rest, cst.Name):
-                env[rest.value] = self.new(
-                    rest.value, Value(False, False), top, in_branch
-                )
+                env[rest.value] = self.new(rest.value, OBJECT, top, in_branch)
             return found
         if (
             isinstance(target, (cst.Tuple, cst.List))
@@ -297,7 +302,7 @@ class _Builder:
                 steps.append(Assign(version, v.value, statement, before, line))
             return steps
         created = [
-            self.new(n, Value(None, True), top, in_branch)
+            self.new(n, unknown(True), top, in_branch)
             for n in sorted(bound_target(target))
         ]
         env.update({v.name: v for v in created})
@@ -313,10 +318,10 @@ def first_of(call: cst.BaseExpression) -> cst.Subscript:
 def build(
     diff: Differentiator,
     lines: Mapping[cst.CSTNode, int],
-    siblings: Collection[str] = (),
+    facts: ModuleFacts | None = None,
 ) -> Program:
     """Build the versioned program of `diff`'s forward statements."""
-    builder = _Builder(diff, lines, siblings)
+    builder = _Builder(diff, lines, facts or ModuleFacts())
     env: dict[str, Version] = {}
     params: dict[str, Version] = {}
     for param in diff.params:

@@ -211,14 +211,6 @@ def abs_(x):
     return out, backward
 
 
-def sign(x):
-    """sign(x): piecewise constant, no gradient."""
-    out = torch.sign(x)
-    def backward(grad):
-        return None
-    return out, backward
-
-
 def sin(x):
     out = torch.sin(x)
     def backward(grad):
@@ -826,7 +818,6 @@ RULES = {
     "torch.rsqrt": rsqrt, "torch.Tensor.rsqrt": rsqrt,
     "torch.abs": abs_, "torch.absolute": abs_, "torch.Tensor.abs": abs_,
     "torch.Tensor.absolute": abs_,
-    "torch.sign": sign, "torch.Tensor.sign": sign,
     "torch.sin": sin, "torch.Tensor.sin": sin,
     "torch.cos": cos, "torch.Tensor.cos": cos,
     "torch.tanh": tanh, "torch.Tensor.tanh": tanh, "torch.nn.functional.tanh": tanh,

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
+from s2sgrad import opfacts
 from s2sgrad.autodiff.inline import inline, parenthesize, rule_reads
 from s2sgrad.autodiff.program import Assign, Branch, Opaque, Program, Step, Version
 from s2sgrad.autodiff.registry import Registry, Rule
-from s2sgrad.cst import NameRewriter, as_compound_or_line, as_expression
+from s2sgrad.cst import NameRewriter, as_compound_or_line, as_expression, dotted
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.names import NameAllocator
-from s2sgrad.values import SEQUENCE_RESULTS, VALUES_INDICES, Evaluator, Value
+from s2sgrad.values import SEQ, UNKNOWN, Evaluator, ModuleFacts, Value
 
 PLACEHOLDER = "__s2sgrad_v{}__"
 ACCUMULATE = "_accumulate"
@@ -130,6 +131,8 @@ class Sibling:
     backward: str
     #: Its backward returns a bare gradient (one parameter, no tuple).
     bare: bool
+    #: What its result is (a tensor, a tuple of them...).
+    result: Value = UNKNOWN
 
 
 class Generator:
@@ -144,8 +147,10 @@ class Generator:
         accumulators: dict[int, str],
         source: list[str],
         siblings: Mapping[str, Sibling] | None = None,
+        facts: ModuleFacts | None = None,
     ) -> None:
         self.siblings = siblings or {}
+        self.facts = facts or ModuleFacts()
         self.diff = diff
         self.program = program
         self.registry = registry
@@ -233,7 +238,7 @@ class Generator:
     # -- expressions -----------------------------------------------------------------
     def value(self, node: cst.BaseExpression, env: Mapping[str, Version]) -> Value:
         return Evaluator(
-            self.diff.qualified_names, {n: v.value for n, v in env.items()}
+            self.diff.qualified_names, {n: v.value for n, v in env.items()}, self.facts
         ).expr(node)
 
     def expr(
@@ -331,8 +336,7 @@ class Generator:
             or not self.value(arg, env).diff
         ):
             return
-        op = _op_name(arg)
-        if op in _VIEWS or not (metadata or op in _EXPENSIVE):
+        if not (metadata or self._expensive(arg)):
             return
         name = self.names.fresh(f"{step.target.name}_{_op_name(arg)}")
         version = Version(
@@ -346,6 +350,21 @@ class Generator:
         self.extra.append(version)
         self.hoisted[arg] = version
         self.hoists.setdefault(id(step.statement), []).append((name, arg))
+
+    def _expensive(self, node: cst.BaseExpression) -> bool:
+        """Costly to recompute in backward: not a view and not elementwise (matrix
+        products, reductions, softmax)."""
+        if isinstance(node, cst.BinaryOperation):
+            return isinstance(node.operator, cst.MatrixMultiply)
+        if not isinstance(node, cst.Call):
+            return False
+        func = node.func
+        name = self.diff.qualified_names.get(func) if dotted(func) else None
+        if name is None and isinstance(func, cst.Attribute):
+            name = f"torch.Tensor.{func.attr.value}"
+        if name is None or opfacts.aten_name(name) is None:
+            return False
+        return not (opfacts.is_view(name) or opfacts.is_pointwise(name))
 
     def _sibling(self, node: cst.BaseExpression) -> Sibling | None:
         """Match `g(...)[0]`, the result of another differentiator of the module."""
@@ -426,7 +445,9 @@ class Generator:
             node.operator, cst.Minus
         ):
             key, positional, keywords = "operator.neg", [node.expression], {}
-        elif isinstance(node, cst.Subscript) and _returns_sequence(node.value):
+        elif isinstance(node, cst.Subscript) and _returns_sequence(
+            node.value, self.value(node.value, env)
+        ):
             raise NoRule(line, f"`{code}` indexes the tuple a call returns: no rule")
         elif isinstance(node, cst.Subscript):
             key, positional, keywords = (
@@ -457,7 +478,9 @@ class Generator:
                 positional.append(arg.value)
             else:
                 keywords[arg.keyword.value] = arg.value
-        qualified = self.diff.qualified_names.get(node.func, "")
+        qualified = (
+            self.diff.qualified_names.get(node.func, "") if dotted(node.func) else ""
+        )
         if qualified.startswith("torch."):
             return qualified, positional, keywords
         func = node.func
@@ -469,38 +492,6 @@ class Generator:
             )
         return qualified, positional, keywords
 
-
-_VIEWS = {
-    "transpose",
-    "t",
-    "permute",
-    "reshape",
-    "view",
-    "unsqueeze",
-    "squeeze",
-    "expand",
-    "expand_as",
-    "broadcast_to",
-    "flatten",
-    "narrow",
-    "contiguous",
-    "detach",
-    "neg",
-    "value",
-    "to",
-    "type_as",
-    "clone",
-}
-_EXPENSIVE = {
-    "matmul",
-    "mm",
-    "bmm",
-    "einsum",
-    "softmax",
-    "log_softmax",
-    "conv1d",
-    "conv2d",
-}
 
 _OP_NAMES: dict[type[cst.BaseBinaryOp], str] = {
     cst.Add: "sum",
@@ -527,17 +518,9 @@ def _op_name(node: cst.BaseExpression) -> str:
     return "value"
 
 
-def _returns_sequence(node: cst.BaseExpression) -> bool:
-    """Tell whether a call returns a tuple of tensors (`x.split(2)`, `x.max(dim=1)`)."""
-    if not isinstance(node, cst.Call):
-        return False
-    func = node.func
-    name = (
-        func.attr.value
-        if isinstance(func, cst.Attribute)
-        else getattr(func, "value", "")
-    )
-    return name in SEQUENCE_RESULTS or (name in VALUES_INDICES and bool(node.args))
+def _returns_sequence(node: cst.BaseExpression, value: Value) -> bool:
+    """Tell whether a call returns several values (`x.split(2)`, `x.max(dim=1)`)."""
+    return isinstance(node, cst.Call) and SEQ in value.kinds
 
 
 def _line(target: cst.Name, value: cst.BaseExpression) -> cst.SimpleStatementLine:

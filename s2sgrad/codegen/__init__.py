@@ -13,6 +13,7 @@ import libcst.matchers as m
 from s2sgrad.autodiff.inline import names_read
 from s2sgrad.codegen.emit import emit
 from s2sgrad.codegen.fmt import format_code
+from s2sgrad.codegen.function import SAVE_HELPERS, uses_save_helpers
 from s2sgrad.codegen.guard import check_generated
 from s2sgrad.codegen.imports import import_block
 from s2sgrad.cst import module
@@ -73,8 +74,13 @@ def generate(
     body: list[cst.BaseStatement] = []
     if any(item.gradients and item.gradients.blocks for item in lifted):
         body.append(cst.parse_statement(_ACCUMULATE))
+    if any(uses_save_helpers(item) for item in lifted):
+        body += cst.parse_module(SAVE_HELPERS.lstrip()).body
+    taken = set(parsed.module_names) | {
+        name for item in lifted for name in vars(Names.of(item.source.name)).values()
+    }
     for item in lifted:
-        body += emit(item, origin.display_path, siblings)
+        body += emit(item, origin.display_path, siblings, taken)
     code = module(body).code
     text = "\n".join(header) + "\n" + doc + "\n\n" + "\n".join(imports) + "\n" + code
     formatted = format_code(text, options.line_length)

@@ -8,6 +8,7 @@ stages may look them up by identity (libcst nodes hash by identity).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -109,6 +110,17 @@ class Differentiator:
 
 
 @dataclass(frozen=True)
+class Helper:
+    """A module-level function that differentiators call: what it returns is read
+    from its body when a differentiator's values are inferred."""
+
+    name: str
+    node: cst.FunctionDef
+    #: Qualified names of the Name/Attribute nodes inside it that have one.
+    qualified_names: Mapping[cst.CSTNode, str]
+
+
+@dataclass(frozen=True)
 class ParsedModule:
     """A source module and the differentiators found in it."""
 
@@ -119,3 +131,9 @@ class ParsedModule:
     globals: Mapping[str, GlobalName]
     #: Every name bound at module level.
     module_names: frozenset[str]
+    #: The plain module-level functions the differentiators call, by name.
+    helpers: Mapping[str, Helper] = dataclasses.field(default_factory=dict)
+    #: Module-level names bound once, by a plain assignment: their values.
+    constants: Mapping[str, cst.BaseExpression] = dataclasses.field(
+        default_factory=dict
+    )

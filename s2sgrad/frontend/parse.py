@@ -31,7 +31,7 @@ from libcst.metadata import (
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import checks
 from s2sgrad.frontend.locate import Locator, line_text, split_lines
-from s2sgrad.frontend.model import Differentiator, Param, ParsedModule
+from s2sgrad.frontend.model import Differentiator, Helper, Param, ParsedModule
 from s2sgrad.frontend.scopes import ScopeAnalysis, global_name
 
 _PRAGMA = re.compile(r"#\s*s2sgrad:\s*([A-Za-z_-]+)\s*=\s*([A-Za-z0-9_.-]+)")
@@ -249,8 +249,10 @@ def _parse_module(
             continue
         positions.compute(stmt)
         pending.append((stmt, bname))
+    helpers = _helpers(module, [f for f, _ in pending], seen)
     wrapper = MetadataWrapper(
-        _skeleton(module, {f for f, _ in pending}, source), unsafe_skip_copy=True
+        _skeleton(module, {f for f, _ in pending} | set(helpers), source),
+        unsafe_skip_copy=True,
     )
     # One batched pass computes every provider the name analysis reads.
     wrapper.resolve_many([ScopeProvider, ParentNodeProvider, QualifiedNameProvider])
@@ -275,9 +277,76 @@ def _parse_module(
     globals_ = {
         n: global_name(n, global_scope) for n in used if n in _bound(global_scope)
     }
+    helper_records = {
+        f.name.value: Helper(
+            f.name.value,
+            f,
+            {n: qualified[n] for n in _collect(f).nodes if n in qualified},
+        )
+        for f in helpers
+    }
     return ParsedModule(
-        path, source, module, tuple(records), globals_, _bound(global_scope)
+        path,
+        source,
+        module,
+        tuple(records),
+        globals_,
+        _bound(global_scope),
+        helper_records,
+        _constants(module),
     )
+
+
+def _constants(module: cst.Module) -> dict[str, cst.BaseExpression]:
+    """Module-level names bound exactly once, by `NAME = value` (or annotated)."""
+    values: dict[str, cst.BaseExpression] = {}
+    counts: dict[str, int] = {}
+    for stmt in module.body:
+        for name in _bound_names(stmt) or []:
+            counts[name] = counts.get(name, 0) + 1
+        if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+            continue
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            target, value = small.targets[0].target, small.value
+        elif isinstance(small, cst.AnnAssign) and small.value is not None:
+            target, value = small.target, small.value
+        else:
+            continue
+        if isinstance(target, cst.Name):
+            values[target.value] = value
+    return {name: value for name, value in values.items() if counts.get(name) == 1}
+
+
+def _helpers(
+    module: cst.Module,
+    differentiators: list[cst.FunctionDef],
+    defined: dict[str, cst.FunctionDef],
+) -> list[cst.FunctionDef]:
+    """The plain module-level functions the differentiators call, directly or not.
+
+    A name counts when it is called anywhere in a differentiator or in a helper found
+    so far; the function is kept whole for the scope analysis (its body is read to
+    infer what it returns).
+    """
+    functions = {
+        s.name.value: s
+        for s in module.body
+        if isinstance(s, cst.FunctionDef) and s.name.value not in defined
+    }
+    found: dict[str, cst.FunctionDef] = {}
+    todo = list(differentiators)
+    while todo:
+        node = todo.pop()
+        for call in m.findall(node, m.Call(func=m.Name())):
+            assert isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
+            name = call.func.value
+            if name in functions and name not in found:
+                found[name] = functions[name]
+                todo.append(functions[name])
+    return [
+        s for s in module.body if isinstance(s, cst.FunctionDef) and s in found.values()
+    ]
 
 
 def _defined_twice(

@@ -17,7 +17,9 @@ from typing import Literal
 
 import libcst as cst
 
+from s2sgrad.autodiff.plan import module_facts
 from s2sgrad.codegen import generate
+from s2sgrad.codegen.function import CTX_API, uses_save_helpers
 from s2sgrad.header import Origin
 from s2sgrad.lift import Kind, Lifted, Saved, lift
 from s2sgrad.names import Names
@@ -117,8 +119,11 @@ def review(
     parsed, lifted = analyse(source, origin, options)
     generated = _Generated(generate(parsed, lifted, options, origin), output)
     lines = source.splitlines()
+    _, facts = module_facts(parsed)
     return [
-        _record(item, lift(item.source, options), generated, lines, options, origin)
+        _record(
+            item, lift(item.source, options, facts), generated, lines, options, origin
+        )
         for item in lifted
     ]
 
@@ -141,25 +146,6 @@ class _Generated:
         text = "\n".join(self.lines[node.lineno - 1 : node.end_lineno]) + "\n"
         return Snippet(f"{self.label}: {name}", node.lineno, text)
 
-    def ctx_attributes(self, function: str) -> dict[str, str]:
-        """Map each value `setup_context` stores as `ctx.<attribute>` to the attribute."""
-        found: dict[str, str] = {}
-        for node in self.classes[function].body:
-            if isinstance(node, ast.FunctionDef) and node.name == "setup_context":
-                ctx = node.args.args[0].arg
-                for statement in node.body:
-                    match statement:
-                        case ast.Assign(
-                            targets=[
-                                ast.Attribute(value=ast.Name(id=owner), attr=attr)
-                            ],
-                            value=ast.Name(id=value),
-                        ) if (
-                            owner == ctx
-                        ):
-                            found[value] = attr
-        return found
-
 
 def _record(
     item: Lifted,
@@ -181,7 +167,12 @@ def _record(
     text = "\n".join(lines[first - 1 : last]) + "\n"
     policy = diff.pragmas.get("policy", options.policy)
     temporaries = _temporaries(item, closure, policy)
-    attributes = generated.ctx_attributes(names.function)
+    attributes = {
+        s.name: (f"saved_{s.name}" if s.name in CTX_API else s.name)
+        for s in item.context
+    }
+    if uses_save_helpers(item):
+        attributes["_save"] = "_save"
     return ReviewRecord(
         name=diff.name,
         path=origin.display_path,
@@ -275,7 +266,7 @@ def _captures(
     records = []
     for saved, reader, line in rows:
         gone = saved.name in recomputed
-        extra = not gone and saved.kind not in ("input", "output")
+        extra = not gone and saved in item.extras
         kept = _kept(saved, gone, extra, attributes)
         records.append(
             CaptureRecord(
@@ -300,25 +291,35 @@ def _kept(saved: Saved, gone: bool, extra: bool, attributes: dict[str, str]) -> 
     """Say how the autograd Function keeps a value, as `setup_context` does it."""
     if gone:
         return "not saved: recomputed in backward"
-    where = (
-        "ctx.save_for_backward"
-        if saved.tensor
-        else f"ctx.{attributes.get(saved.name, saved.name)}"
-    )
+    if saved.storage == "unknown" or "_save" in attributes:
+        where = "_save: save_for_backward if it is a tensor, else kept on ctx"
+    elif saved.storage == "tensor":
+        where = "ctx.save_for_backward"
+    elif saved.storage == "tensors":
+        where = "ctx.save_for_backward, element by element"
+    else:
+        where = f"ctx.{attributes.get(saved.name, saved.name)}"
+    if saved.on is not None:
+        return f"{where}, read off the {saved.on} in setup_context"
     if not extra:
         return where
-    if saved.tensor and not saved.promoted:
-        return f"extra output (non-differentiable), {where}"
-    return f"extra output, {where}"
+    if saved.promoted:
+        return f"extra output, {where}"
+    return f"passed on from forward in a tuple, {where}"
 
 
 def _context(item: Lifted, attributes: dict[str, str]) -> tuple[ContextSlot, ...]:
     slots = []
     tensors = 0
+    helpers = "_save" in attributes
     for index, saved in enumerate(item.context):
-        if saved.tensor:
+        if helpers:
+            location = f"_saved(ctx)[{index}]"
+        elif saved.storage == "tensor":
             location = f"ctx.saved_tensors[{tensors}]"
             tensors += 1
+        elif saved.storage == "tensors":
+            location = f"ctx.saved_tensors[{tensors}:]"
         else:
             location = f"ctx.{attributes.get(saved.name, saved.name)}"
         slots.append(ContextSlot(index, saved.name, saved.kind, location))

@@ -1,0 +1,688 @@
+"""Emit the `torch.autograd.Function` of one lifted differentiator, and its op.
+
+Takes a `Lifted` record; returns the source of `FFunction` (new-style `forward`,
+`setup_context`, `backward`) and of the op `f` (DESIGN section 4). Invariants:
+
+- `forward` calls `f_forward` once. It returns the result's outputs, the promoted
+  temporaries, then one opaque tuple with the other values backward needs (constants,
+  metadata of temporaries): autograd does not look inside a tuple, so those are not
+  outputs to it and need no `mark_non_differentiable`.
+- `setup_context` only unpacks and saves: tensors with `save_for_backward` in the order
+  `f_backward` unpacks them (tensors come first in the context), so
+  `ctx.saved_tensors` is handed over as is; metadata of inputs and outputs is read
+  there. When a value's kind is known only at run time, `_save` decides then.
+- `backward` hands the context to `f_backward` once and maps its gradients back to the
+  Function's inputs: `None` for non-tensors, one gradient per element of a list.
+- A list parameter is flattened into the Function's inputs (its length known at call
+  time, as TorchScript flattens `Tensor[]`); a list output is flattened into the
+  Function's outputs, and the op rebuilds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from s2sgrad.codegen import docs
+from s2sgrad.lift import Lifted, Saved, may_alias, may_return_self
+from s2sgrad.names import NameAllocator, Names
+from s2sgrad.values import BOTTOM, param_value
+
+#: Attributes of autograd's ctx that a saved value must not overwrite.
+CTX_API = frozenset(
+    {
+        "saved_tensors",
+        "needs_input_grad",
+        "mark_dirty",
+        "mark_non_differentiable",
+        "save_for_backward",
+        "set_materialize_grads",
+        "materialize_grads",
+        "saved_variables",
+        "to_save",
+        "dirty_tensors",
+        "non_differentiable",
+        "save_for_forward",
+        "next_functions",
+        "metadata",
+        "name",
+        "register_hook",
+        "register_prehook",
+        "apply",
+        "apply_jvp",
+        "kept",
+    }
+)
+
+#: Runtime helpers for a context whose kinds are only known at run time.
+SAVE_HELPERS = '''
+def _save(ctx, *values):
+    """save_for_backward the tensors among `values`, alone or in a list; keep the rest."""
+    tensors, ctx.kept = [], []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+            ctx.kept.append(None)
+        elif type(value) in (list, tuple) and all(
+            isinstance(v, torch.Tensor) for v in value
+        ):
+            tensors += value
+            ctx.kept.append((type(value), len(value)))
+        else:
+            ctx.kept.append((None, value))
+    ctx.save_for_backward(*tensors)
+
+
+def _saved(ctx):
+    """The values `_save` kept, in order."""
+    tensors = iter(ctx.saved_tensors)
+    values = []
+    for kept in ctx.kept:
+        if kept is None:
+            values.append(next(tensors))
+        elif kept[0] is None:
+            values.append(kept[1])
+        else:
+            values.append(kept[0](next(tensors) for _ in range(kept[1])))
+    return tuple(values)
+'''
+
+
+def uses_save_helpers(lifted: Lifted) -> bool:
+    """Whether the context needs `_save`/`_saved`: a kind known only at run time, or
+    more than one list of tensors."""
+    storages = [s.storage for s in lifted.context]
+    return "unknown" in storages or storages.count("tensors") > 1
+
+
+@dataclass(frozen=True)
+class _Input:
+    """One forward parameter as the Function takes it."""
+
+    name: str
+    keyword_only: bool
+    #: A list of tensors: flattened into the Function's inputs.
+    listed: bool
+    #: What f_forward gets for a flattened list: `list` or `tuple`.
+    form: str
+    #: Whether it is a tensor: True, False (never gets a gradient) or None (decided
+    #: at run time by `needs_input_grad`).
+    tensor: bool | None
+
+
+@dataclass(frozen=True)
+class _Output:
+    """One output of the result."""
+
+    var: str
+    #: A list (or tuple) of tensors of run-time length.
+    listed: bool
+    form: str
+    #: May be an input object itself: returned as a view.
+    aliased: bool
+
+
+class FunctionWriter:
+    """Write the Function class and the op of one differentiator as source text."""
+
+    def __init__(
+        self,
+        lifted: Lifted,
+        names: Names,
+        needs: str | None = None,
+        pair: tuple[str, str] | None = None,
+    ) -> None:
+        self.lifted = lifted
+        self.diff = lifted.source
+        self.names = names
+        self.needs = needs
+        self.forward_name, self.backward_name = pair or (names.forward, names.backward)
+        alloc = NameAllocator(set(lifted.taken) | {p.name for p in self.diff.params})
+        self.ctx = alloc.fresh("ctx")
+        self.inputs_name = alloc.fresh("inputs")
+        self.output_name = alloc.fresh("output")
+        self.inputs = [self._input(i) for i in range(len(self.diff.params))]
+        self.listed = [i for i in self.inputs if i.listed]
+        #: With several list parameters, all but the last pass their length.
+        self.lengths = {
+            i.name: alloc.fresh(f"{i.name}_len")
+            for i in self.listed[: -1 if len(self.listed) > 1 else 0]
+        }
+        self.flat = alloc.fresh("tensors") if len(self.listed) > 1 else None
+        self.outputs = self._outputs(alloc)
+        self.grads = list(self.diff.grad_params)
+        incoming = dict(lifted.gradients.incoming) if lifted.gradients else {}
+        alloc.taken.update(self.grads)
+        alloc.taken.update(incoming.values())
+        self.promoted = [s for s in lifted.context if s.promoted]
+        self.incoming = [incoming[s.name] for s in self.promoted]
+        self.extras = [s for s in lifted.extras if not s.promoted]
+        self.rest = alloc.fresh("rest")
+        self.grads_name = alloc.fresh("grads")
+        self.meta = [alloc.fresh(n) for n in ("shape", "dtype", "device")]
+        self.pieces = alloc.fresh("pieces")
+        self.result = alloc.fresh("result")
+        self.attrs = {
+            s.name: (f"saved_{s.name}" if s.name in CTX_API else s.name)
+            for s in lifted.context
+            if s.storage == "object"
+        }
+        self.list_lengths = {
+            i.name: alloc.fresh(f"{i.name}_count") for i in self.listed
+        }
+        # setup_context unpacks inputs and outputs side by side: an input named like an
+        # output or extra (a rebound parameter) gets its own name there.
+        clash = {o.var for o in self.outputs} | {s.name for s in lifted.extras}
+        self.input_vars = {
+            i.name: (alloc.fresh(f"input_{i.name}") if i.name in clash else i.name)
+            for i in self.inputs
+        }
+        self.helpers = uses_save_helpers(lifted)
+
+    def _input(self, index: int) -> _Input:
+        param = self.diff.params[index]
+        value = param_value(param)
+        tensor = True if not param.gets_gradient else value.tensor
+        return _Input(
+            param.name,
+            param.keyword_only,
+            value.tensor_list,
+            value.form if value.form in ("list", "tuple") else "list",
+            tensor,
+        )
+
+    def _outputs(self, alloc: NameAllocator) -> list[_Output]:
+        params = {p.name for p in self.diff.params}
+        found = []
+        for i, node in enumerate(self.diff.outputs):
+            value = self.lifted.outputs[i] if i < len(self.lifted.outputs) else BOTTOM
+            if isinstance(node, cst.Name):
+                var = (
+                    node.value
+                    if node.value not in params
+                    else alloc.fresh(f"output_{i}")
+                )
+                aliased = node.value in params or may_alias(self.diff, node.value)
+            else:
+                var = alloc.fresh(
+                    "result" if not self.diff.tuple_result else f"output_{i}"
+                )
+                aliased = may_return_self(node, self.diff.qualified_names)
+            form = value.form if value.form in ("list", "tuple") else "tuple"
+            found.append(_Output(var, value.tensor_list, form, aliased))
+        return found
+
+    @property
+    def plain_outputs(self) -> list[_Output]:
+        return [o for o in self.outputs if not o.listed]
+
+    @property
+    def listed_outputs(self) -> list[_Output]:
+        return [o for o in self.outputs if o.listed]
+
+    # -- layout of the Function's inputs and outputs -----------------------------------
+    def _head(self) -> list[str]:
+        """The leading inputs: parameters in order, a list by its length (if several)."""
+        return [
+            self.lengths.get(item.name, item.name)
+            for item in self.inputs
+            if not item.listed or item.name in self.lengths
+        ]
+
+    def _elements(self) -> str:
+        """The starred name that takes every list element."""
+        return self.flat or self.listed[0].name
+
+    def _split(self, source: str, lengths: dict[str, str]) -> list[str]:
+        """Lines that cut the flattened elements back into each list (several lists)."""
+        lines, start = [], ""
+        for item in self.listed:
+            if item.name not in lengths:
+                lines.append(f"{item.name} = {source}[{start}:]")
+            else:
+                stop = (
+                    f"{start} + {lengths[item.name]}" if start else lengths[item.name]
+                )
+                lines.append(f"{item.name} = {source}[{start}:{stop}]")
+                start = stop
+        return lines
+
+    def _returned(self) -> list[str]:
+        """What forward returns, in order."""
+        items = [self._view(o.var) if o.aliased else o.var for o in self.plain_outputs]
+        items += [self._view(s.name) if s.may_alias else s.name for s in self.promoted]
+        if self.extras:
+            items.append(_tuple([s.name for s in self.extras]))
+        if len(self.listed_outputs) > 1:
+            items.append(_tuple([f"len({o.var})" for o in self.listed_outputs[:-1]]))
+        for out in self.listed_outputs:
+            if out.aliased:
+                items.append(f"*(p.view_as(p) for p in {out.var})")
+            else:
+                items.append(f"*{out.var}")
+        return items
+
+    @staticmethod
+    def _view(name: str) -> str:
+        return f"{name}.view_as({name})"
+
+    def _returns_tuple(self) -> bool:
+        return (
+            len(self._returned()) > 1
+            or self.diff.tuple_result
+            or bool(self.listed_outputs)
+        )
+
+    # -- the class ----------------------------------------------------------------------
+    def write(self) -> str:
+        doc = docs.docstring(docs.function_doc(self.lifted), "    ")
+        parts = [
+            f"class {self.names.function}(torch.autograd.Function):",
+            f"    {doc}",
+            "",
+            "    generate_vmap_rule = True",
+            "",
+            *_indent(self.forward()),
+            "",
+            *_indent(self.setup_context()),
+            "",
+            *_indent(self.backward()),
+        ]
+        return "\n".join(parts) + "\n"
+
+    def forward(self) -> list[str]:
+        signature = self._head()
+        if self.listed:
+            signature.append(f"*{self._elements()}")
+        lines = ["@staticmethod", f"def forward({', '.join(signature)}):"]
+        if self.flat is not None:
+            lines += ["    " + s for s in self._split(self.flat, self.lengths)]
+        args = []
+        for item in self.inputs:
+            value = f"{item.form}({item.name})" if item.listed else item.name
+            args.append(f"{item.name}={value}" if item.keyword_only else value)
+        call = f"{self.forward_name}({', '.join(args)})"
+        returned = self._returned()
+        simple = [
+            o.var for o in self.plain_outputs
+        ] == returned and not self.listed_outputs
+        if simple and len(self.outputs) == len(returned):
+            return lines + [f"    return {call}[0]"]
+        if self.diff.tuple_result:
+            result = _tuple([o.var for o in self.outputs])
+        else:
+            result = self.outputs[0].var
+        if self.extras:
+            context = _tuple(
+                [
+                    s.name if s in self.lifted.extras else "_"
+                    for s in self.lifted.context
+                ]
+            )
+        elif self.promoted:
+            context = _tuple(
+                [s.name if s.promoted else "_" for s in self.lifted.context]
+            )
+        else:
+            context = "_"
+        lines.append(f"    {result}, {context} = {call}")
+        if any(".view_as(" in r for r in returned):
+            lines.append(
+                "    # A view, where it may be an input: autograd saves no input "
+                "returned as is."
+            )
+        lines.append(f"    return {_listing(returned)}")
+        return lines
+
+    # -- setup_context ------------------------------------------------------------------
+    def setup_context(self) -> list[str]:
+        lines = [
+            "@staticmethod",
+            f"def setup_context({self.ctx}, {self.inputs_name}, {self.output_name}):",
+        ]
+        context = self.lifted.context
+        wanted = {
+            self.inputs[s.index].name
+            for s in context
+            if (s.kind == "input" or s.on == "input") and s.index is not None
+        }
+        if wanted or self.listed:
+            lines.append(f"    {self._unpack_inputs(wanted)} = {self.inputs_name}")
+            if self.flat is not None:
+                lines += ["    " + s for s in self._split(self.flat, self.lengths)]
+        if self._returns_tuple():
+            targets = self._unpack_outputs()
+            if any(t != "_" for t in targets):
+                lines.append(f"    {_targets(targets)} = {self.output_name}")
+        values = [self._value(s) for s in context]
+        if self.helpers:
+            lines.append(f"    _save({self.ctx}, {', '.join(values)})")
+        else:
+            tensors = [
+                (f"*{v}" if s.storage == "tensors" else v)
+                for s, v in zip(context, values, strict=True)
+                if s.storage in ("tensor", "tensors")
+            ]
+            if tensors:
+                lines.append(f"    {self.ctx}.save_for_backward({', '.join(tensors)})")
+            for saved, value in zip(context, values, strict=True):
+                if saved.storage == "object":
+                    lines.append(f"    {self.ctx}.{self.attrs[saved.name]} = {value}")
+        for item in self.listed:
+            lines.append(
+                f"    {self.ctx}.{self.list_lengths[item.name]} = len({item.name})"
+            )
+        for out in self.outputs:
+            if out.listed:
+                lines.append(
+                    f"    {self.ctx}.{out.var}_like = "
+                    f"[(p.shape, p.dtype, p.device) for p in {out.var}]"
+                )
+            elif self.diff.tuple_result:
+                lines.append(
+                    f"    {self.ctx}.{out.var}_like = "
+                    f"{out.var}.shape, {out.var}.dtype, {out.var}.device"
+                )
+        lines.append(f"    {self.ctx}.set_materialize_grads(False)")
+        return lines
+
+    def _unpack_inputs(self, wanted: set[str]) -> str:
+        targets = []
+        for item in self.inputs:
+            if item.name in self.lengths:
+                targets.append(self.lengths[item.name])
+            elif not item.listed:
+                targets.append(
+                    self.input_vars[item.name] if item.name in wanted else "_"
+                )
+        if self.listed:
+            targets.append(f"*{self._elements()}")
+        return _targets(targets)
+
+    def _unpack_outputs(self) -> list[str]:
+        needed = {
+            s.index
+            for s in self.lifted.context
+            if (s.kind == "output" or s.on == "output")
+        }
+        multi = self.diff.tuple_result
+        targets = [
+            o.var if (i in needed or multi) else "_"
+            for i, o in enumerate(self.outputs)
+            if not o.listed
+        ]
+        targets += [s.name for s in self.promoted]
+        if self.extras:
+            targets.append(_tuple([s.name for s in self.extras]))
+        if len(self.listed_outputs) > 1:
+            targets.append(_tuple([f"{o.var}_len" for o in self.listed_outputs[:-1]]))
+        if len(self.listed_outputs) == 1:
+            targets.append(f"*{self.listed_outputs[0].var}")
+        elif self.listed_outputs:
+            targets.append(f"*{self.pieces}")
+        kept = list(targets)
+        while kept and kept[-1] == "_":
+            kept.pop()
+        return kept + ["*_"] if len(kept) < len(targets) and kept else targets
+
+    def _value(self, saved: Saved) -> str:
+        """The setup_context expression of one context entry."""
+        if saved.kind == "output" or saved.on == "output":
+            assert saved.index is not None
+            var = (
+                self.outputs[saved.index].var
+                if self._returns_tuple()
+                else self.output_name
+            )
+        elif saved.kind == "input" or saved.on == "input":
+            assert saved.index is not None
+            var = self.input_vars[self.inputs[saved.index].name]
+        else:
+            return saved.name
+        if saved.kind == "metadata":
+            return saved.expression.replace(saved.source, var, 1)
+        return var
+
+    # -- backward -----------------------------------------------------------------------
+    def backward(self) -> list[str]:
+        lines = ["@staticmethod"]
+        if self.lifted.once_differentiable:
+            lines.append("@once_differentiable")
+        pairs = list(zip(self.grads, self.outputs, strict=True))
+        plain = [g for g, o in pairs if not o.listed]
+        listed = [g for g, o in pairs if o.listed]
+        params = [self.ctx, *plain, *self.incoming]
+        skipped = int(bool(self.extras)) + int(len(self.listed_outputs) > 1)
+        if self.listed_outputs:
+            params.append(f"*{self.rest}")
+        elif skipped:
+            params.append("*_")
+        lines.append(f"def backward({', '.join(params)}):")
+        if self.incoming:
+            lines += [
+                "    if torch.compiler.is_compiling():  # only a double backward sends "
+                "these",
+                f"        {' = '.join(self.incoming)} = None",
+            ]
+        lines += self._listed_grads(listed, skipped)
+        tests = [f"{g} is None" for g in (*plain, *self.incoming)]
+        tests += [f"all(g is None for g in {g})" for g in listed]
+        nones = self._nones()
+        lines += [f"    if {' and '.join(tests)}:", f"        return {nones}"]
+        lines += self._materialize(plain, listed)
+        keywords = [f"{k}={k}" for k in self.incoming]
+        if self.needs:
+            keywords.append(f"{self.needs}={self._needs()}")
+        args = ", ".join([self._context(), *self.grads, *keywords])
+        lines += self._return(f"{self.backward_name}({args})", nones)
+        return lines
+
+    def _listed_grads(self, listed: list[str], skipped: int) -> list[str]:
+        """Take each list output's gradients from the trailing ones."""
+        lines = []
+        start = str(skipped) if skipped else ""
+        for k, (grad, out) in enumerate(zip(listed, self.listed_outputs, strict=True)):
+            if k == len(listed) - 1:
+                lines.append(f"    {grad} = list({self.rest}[{start}:])")
+            else:
+                count = f"len({self.ctx}.{out.var}_like)"
+                stop = f"{start} + {count}" if start else count
+                lines.append(f"    {grad} = list({self.rest}[{start}:{stop}])")
+                start = stop
+        return lines
+
+    def _materialize(self, plain: list[str], listed: list[str]) -> list[str]:
+        """Zeros for the gradients nobody sent, where the closure expects tensors."""
+        lines = []
+        if self.diff.tuple_result:
+            for grad, out in zip(plain, self.plain_outputs, strict=True):
+                lines += [
+                    f"    if {grad} is None:",
+                    f"        {', '.join(self.meta)} = {self.ctx}.{out.var}_like",
+                    f"        {grad} = torch.zeros({self.meta[0]}, dtype={self.meta[1]}, "
+                    f"device={self.meta[2]})",
+                ]
+        for grad, out in zip(listed, self.listed_outputs, strict=True):
+            lines += [
+                f"    {grad} = [",
+                "        torch.zeros(s, dtype=d, device=v) if g is None else g",
+                f"        for g, (s, d, v) in zip({grad}, {self.ctx}.{out.var}_like)",
+                "    ]",
+            ]
+        return lines
+
+    def _context(self) -> str:
+        """The context tuple f_backward unpacks, rebuilt from what setup_context kept."""
+        context = self.lifted.context
+        if not context:
+            return "()"
+        if self.helpers:
+            return f"_saved({self.ctx})"
+        saved = f"{self.ctx}.saved_tensors"
+        objects = [
+            f"{self.ctx}.{self.attrs[s.name]}" for s in context if s.storage == "object"
+        ]
+        lists = [s for s in context if s.storage == "tensors"]
+        if lists:
+            k = sum(s.storage == "tensor" for s in context)
+            form = "list"
+            element = f"{form}({saved}[{k}:])" if k else f"{form}({saved})"
+            return _tuple([*([f"*{saved}[:{k}]"] if k else []), element, *objects])
+        if not objects:
+            return saved
+        return _tuple([f"*{saved}", *objects])
+
+    def _needs(self) -> str:
+        """`needs_input_grad` per forward parameter (for a list: any of its elements)."""
+        needs = f"{self.ctx}.needs_input_grad"
+        if not self.listed:
+            return needs
+        head = len(self._head())
+        items = []
+        position = 0
+        start = str(head)
+        for item in self.inputs:
+            if not item.listed:
+                items.append(f"{needs}[{position}]")
+                position += 1
+                continue
+            if item.name in self.lengths:
+                position += 1
+            count = f"{self.ctx}.{self.list_lengths[item.name]}"
+            stop = f"{start} + {count}"
+            items.append(f"any({needs}[{start}:{stop}])")
+            start = stop
+        return _tuple(items)
+
+    def _nones(self) -> str:
+        if self.listed:
+            return f"(None,) * len({self.ctx}.needs_input_grad)"
+        n = len(self.inputs)
+        return ", ".join(["None"] * n) + ("," if n == 1 else "")
+
+    def _return(self, call: str, nones: str) -> list[str]:
+        """Return one gradient per Function input: None where none can be taken."""
+        bare_none = self.diff.returns_bare_none and len(self.inputs) > 1
+        plain = [i for i in self.inputs if not i.listed]
+        if all(i.tensor is True for i in plain) and not bare_none and not self.listed:
+            return [f"    return {call}"]
+        grads = self.grads_name
+        lines = [f"    {grads} = {call}"]
+        if bare_none:
+            lines += [f"    if {grads} is None:", f"        return {nones}"]
+        head: list[str] = []
+        tail: list[str] = []
+        position = 0
+        for i, item in enumerate(self.inputs):
+            entry = f"{grads}[{i}]"
+            if item.listed:
+                count = f"{self.ctx}.{self.list_lengths[item.name]}"
+                tail.append(f"*({entry} if {entry} is not None else [None] * {count})")
+                if item.name in self.lengths:
+                    head.append("None")
+                    position += 1
+                continue
+            if item.tensor is False:
+                head.append("None")
+            elif item.tensor is None:
+                # A number where a tensor may be passed takes no gradient: autograd
+                # wants None there, and needs_input_grad says which it was.
+                head.append(
+                    f"{entry} if {self.ctx}.needs_input_grad[{position}] else None"
+                )
+            else:
+                head.append(entry)
+            position += 1
+        items = head + tail
+        lines.append(
+            f"    return {_listing(items)}"
+        )
+        return lines
+
+    # -- the op ---------------------------------------------------------------------
+    def op_body(self) -> list[str]:
+        """Call apply and hand back the result as the closure returned it."""
+        args = [
+            f"len({item.name})" if item.name in self.lengths else item.name
+            for item in self.inputs
+            if not item.listed or item.name in self.lengths
+        ]
+        args += [f"*{item.name}" for item in self.listed]
+        call = f"{self.names.function}.apply({', '.join(args)})"
+        returned = self._returned()
+        n_outputs = len(self.outputs)
+        if not self.listed_outputs:
+            if len(returned) == n_outputs:
+                return [f"return {call}"]
+            if self.diff.tuple_result:
+                return [f"return {call}[:{n_outputs}]"]
+            return [f"return {call}[0]"]
+        out = NameAllocator(
+            set(self.lifted.taken) | {p.name for p in self.diff.params}
+        ).fresh("out")
+        lines = [f"{out} = {call}"]
+        skip = len(returned) - len(self.listed_outputs)
+        lengths_at = skip - 1
+        pieces, plain, start = [], 0, str(skip)
+        listed = self.listed_outputs
+        for o in self.outputs:
+            if not o.listed:
+                pieces.append(f"{out}[{plain}]")
+                plain += 1
+            elif o is listed[-1]:
+                pieces.append(f"{o.form}({out}[{start}:])")
+            else:
+                stop = f"{start} + {out}[{lengths_at}][{listed.index(o)}]"
+                pieces.append(f"{o.form}({out}[{start}:{stop}])")
+                start = stop
+        if self.diff.tuple_result:
+            lines.append(f"return {_tuple(pieces)}")
+        else:
+            lines.append(f"return {pieces[0]}")
+        return lines
+
+
+def _indent(lines: list[str]) -> list[str]:
+    return [("    " + line) if line else "" for line in lines]
+
+
+def _tuple(items: list[str]) -> str:
+    if len(items) == 1:
+        return f"({items[0]},)"
+    return f"({', '.join(items)})"
+
+
+def _listing(items: list[str]) -> str:
+    """Items to return: `a, b`; one plain item alone; one `*starred` as a tuple."""
+    if len(items) == 1:
+        return f"({items[0]},)" if items[0].startswith("*") else items[0]
+    return ", ".join(items)
+
+
+def _targets(items: list[str]) -> str:
+    return f"({items[0]},)" if len(items) == 1 else ", ".join(items)
+
+
+def function_class(
+    lifted: Lifted, names: Names, needs: str | None, pair: tuple[str, str]
+) -> cst.BaseStatement:
+    """The Function class, as a statement."""
+    text = FunctionWriter(lifted, names, needs, pair).write()
+    statement = cst.parse_module(text).body[0]
+    return statement.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+
+
+def op_def(lifted: Lifted, names: Names) -> cst.FunctionDef:
+    """The op `f`: the source signature, calling the Function."""
+    writer = FunctionWriter(lifted, names)
+    doc = cst.SimpleStatementLine(
+        [cst.Expr(cst.SimpleString(docs.docstring(docs.op_doc(lifted), "    ")))]
+    )
+    body = [doc, *(cst.parse_statement(line + "\n") for line in writer.op_body())]
+    return cst.FunctionDef(
+        name=cst.Name(names.op),
+        params=lifted.source.forward.params,
+        body=cst.IndentedBlock(body),
+        leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
+    )
