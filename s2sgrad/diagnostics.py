@@ -36,6 +36,9 @@ CODES: dict[str, str] = {
     "S2S118": "source nested too deeply to analyse",
     "S2S119": "differentiator defined more than once",
     "S2S120": "closure of another differentiator used other than called in backward",
+    "S2S121": "a value backward recomputes depends on random numbers",
+    "S2S122": "unknown pragma or pragma value",
+    "S2S123": "in-place change of a differentiable tensor that cannot be rewritten",
 }
 
 

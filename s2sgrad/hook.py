@@ -39,6 +39,7 @@ import s2sgrad
 from s2sgrad.config import ConfigError, load_config
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.header import FORMAT_VERSION, HASH_MARK, Origin, source_hash
+from s2sgrad.lines import split_lines
 from s2sgrad.options import Options
 from s2sgrad.sources import display_path, module_name
 
@@ -123,7 +124,7 @@ class GeneratedLoader(importlib.abc.InspectLoader):
         if self._built is None:
             self._built = build(self.job)
             text = self._built.text
-            lines = text.splitlines(keepends=True)
+            lines = split_lines(text, keepends=True)
             # mtime None: linecache.checkcache keeps it, file or not
             listing = str(self.job.listing)
             linecache.cache[listing] = (len(text), None, lines, listing)

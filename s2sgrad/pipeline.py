@@ -10,9 +10,12 @@ from s2sgrad.autodiff.plan import differentiate, module_facts
 from s2sgrad.codegen import generate
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import ParsedModule, parse
+from s2sgrad.frontend.model import Differentiator
 from s2sgrad.header import Origin
+from s2sgrad.inplace import out_of_place
 from s2sgrad.lift import Lifted, lift
 from s2sgrad.options import Options
+from s2sgrad.values import ModuleFacts
 
 
 def convert(source: str, origin: Origin, options: Options) -> str:
@@ -45,9 +48,17 @@ def analyse(
             ]
         )
     siblings, facts = module_facts(parsed)
+    diffs = _out_of_place(parsed, facts, origin.display_path)
     lifted = [
-        differentiate(lift(d, options, facts), options, source, siblings, facts)
-        for d in parsed.differentiators
+        differentiate(
+            lift(d, options, facts),
+            options,
+            source,
+            siblings,
+            facts,
+            origin.display_path,
+        )
+        for d in diffs
     ]
     return parsed, lifted
 
@@ -58,3 +69,19 @@ def has_differentiators(source: str, path: str) -> bool:
         return bool(parse(source, path).differentiators)
     except TransformError:
         return True
+
+
+def _out_of_place(
+    parsed: ParsedModule, facts: ModuleFacts, path: str
+) -> list[Differentiator]:
+    """Rewrite forward's in-place writes; report every rejected one of the module."""
+    found: list[Diagnostic] = []
+    diffs = []
+    for diff in parsed.differentiators:
+        try:
+            diffs.append(out_of_place(diff, facts, path, parsed.source))
+        except TransformError as exc:
+            found += exc.diagnostics
+    if found:
+        raise TransformError(sorted(found, key=lambda d: (d.line, d.column)))
+    return diffs

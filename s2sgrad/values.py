@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import libcst as cst
 
 from s2sgrad import opfacts
-from s2sgrad.cst import dotted, statements
+from s2sgrad.cst import bound, dotted, statements
 from s2sgrad.frontend.model import Differentiator, Helper, Param
 
 TENSOR, NONE, NUMBER, OTHER, SEQ = "tensor", "none", "number", "other", "seq"
@@ -1010,3 +1010,66 @@ def result_value(diff: Differentiator, facts: ModuleFacts) -> Value:
     if diff.tuple_result:
         return tuple_of(evaluator.expr(o) for o in diff.outputs)
     return evaluator.expr(diff.result)
+
+
+class _Mutations(cst.CSTVisitor):
+    """Names whose value a statement changes in place."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def _base(self, node: cst.BaseExpression) -> None:
+        while isinstance(node, (cst.Subscript, cst.Attribute)):
+            node = node.value
+        if isinstance(node, cst.Name):
+            self.names.add(node.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            if method in CONTAINER_MUTATORS or opfacts.is_inplace(method):
+                receiver = func.value
+                if dotted(receiver) and not isinstance(receiver, cst.Name):
+                    # `torch.relu_(t)`: a library function that writes its argument.
+                    positional = [a for a in node.args if a.keyword is None]
+                    if positional:
+                        self._base(positional[0].value)
+                else:
+                    self._base(receiver)
+        for arg in node.args:
+            if arg.keyword is not None and arg.keyword.value == "out":
+                self._base(arg.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._stores(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._stores(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._stores(node.target)
+
+    def visit_Del(self, node: cst.Del) -> None:
+        self._stores(node.target)
+
+    def _stores(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._stores(element.value)
+        elif isinstance(target, (cst.Subscript, cst.Attribute)):
+            self._base(target)
+
+
+def writes(node: cst.CSTNode) -> set[str]:
+    """The names a statement binds or changes in place (`hs.append(h)`, `m[i] = 0`,
+    `mask.bernoulli_(p)`): what a later read of them depends on."""
+    visitor = _Mutations()
+    node.visit(visitor)
+    return bound(node) | visitor.names

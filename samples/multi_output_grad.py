@@ -185,7 +185,7 @@ class SincosFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_s, grad_c):
         if grad_s is None and grad_c is None:
-            return (None,)
+            return None
         if grad_s is None:
             shape, dtype, device = ctx.s_like
             grad_s = torch.zeros(shape, dtype=dtype, device=device)

@@ -163,7 +163,7 @@ class SumAllFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         if grad is None:
-            return (None,)
+            return None
         return sum_all_backward((*ctx.saved_tensors, ctx.x_shape), grad)
 
 

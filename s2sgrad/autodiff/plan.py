@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 import libcst as cst
 import libcst.matchers as m
 
+from s2sgrad import opfacts
 from s2sgrad.autodiff.program import Assign, Branch, Program, Step, Version, build
 from s2sgrad.autodiff.registry import builtin_registry
 from s2sgrad.autodiff.vjp import (
@@ -26,7 +27,8 @@ from s2sgrad.autodiff.vjp import (
     placeholder_version,
     slice_of,
 )
-from s2sgrad.cst import as_expression, as_statement, bound
+from s2sgrad.cst import as_expression, as_statement, bound, code, dotted
+from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import (
     METADATA_ATTRIBUTES,
     METADATA_METHODS,
@@ -45,9 +47,17 @@ from s2sgrad.lift import (
     origin,
     rebound_names,
 )
+from s2sgrad.lines import split_lines
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Options
-from s2sgrad.values import UNKNOWN, Evaluator, ModuleFacts, Value, result_value
+from s2sgrad.values import (
+    UNKNOWN,
+    Evaluator,
+    ModuleFacts,
+    Value,
+    result_value,
+    writes,
+)
 
 
 class _Reads(cst.CSTVisitor):
@@ -156,13 +166,15 @@ class Planner:
         source: str,
         siblings: Mapping[str, Sibling] | None = None,
         facts: ModuleFacts | None = None,
+        path: str = "<source>",
     ) -> None:
+        self.path = path
         self.siblings = siblings or {}
         self.facts = facts or ModuleFacts()
         self.lifted = lifted
         self.diff = lifted.source
         self.policy = self.diff.pragmas.get("policy", options.policy)
-        self.source = source.splitlines()
+        self.source = split_lines(source)
         self.program: Program = build(self.diff, self.diff.statement_lines, self.facts)
         self.at_end = self.program.at_end()
         self.by_id = {v.id: v for v in self.program.versions}
@@ -448,7 +460,8 @@ class Planner:
         if not recompute:
             return None
         wanted = {t.source for t, _ in recompute}
-        statements = _needed_for(self.diff.statements, wanted)
+        statements, leaves = _replay(self.diff.statements, wanted, self.lifted.values)
+        self._check_replay(statements, recompute)
         reads = set().union(*(_names_read(s) for s in statements))
         params = [p.name for p in self.diff.params if p.name in reads]
         args = []
@@ -476,15 +489,76 @@ class Planner:
             else:
                 args.append(self._value_entry(version, param, ctx, names))
             entries += ctx.entries[before:]
+        for leaf in leaves:
+            # A value without gradient that forward computed once: saved, not
+            # replayed (a replay of `mask.bernoulli_(p)` would draw a new mask).
+            before = len(ctx.entries)
+            version = self.program.final[leaf]
+            args.append(self._value_entry(version, leaf, ctx, names))
+            entries += ctx.entries[before:]
         return Recompute(
             function=names.fresh(f"{self.diff.name}_recompute"),
-            params=tuple(params),
+            params=tuple(params + leaves),
             args=tuple(args),
             statements=tuple(statements),
             returns=tuple(t.source for t, _ in recompute),
             targets=tuple(t.name for t, _ in recompute),
             reasons=tuple(f"`{t.name}`: {why}" for t, why in recompute),
         )
+
+    def _check_replay(
+        self,
+        statements: Sequence[cst.BaseStatement],
+        recompute: list[tuple[Saved, str]],
+    ) -> None:
+        """Reject a recomputation that would replay a random draw (S2S121)."""
+        lines = [
+            line
+            for statement in statements
+            for line in m.findall(statement, m.SimpleStatementLine())
+        ]
+        for statement in lines:
+            for call in m.findall(statement, m.Call()):
+                assert isinstance(call, cst.Call)
+                name = _callee(self.diff, call)
+                if name is None or not opfacts.is_random(name):
+                    continue
+                line = self.diff.statement_lines.get(statement, self.diff.first_line)
+                text = self.source[line - 1] if 0 < line <= len(self.source) else ""
+                column = (
+                    text.find(code(call.func)) + 1 or len(text) - len(text.lstrip()) + 1
+                )
+                temps = ", ".join(f"`{t.name}`" for t, _ in recompute)
+                raise TransformError(
+                    [
+                        Diagnostic(
+                            "S2S121",
+                            f"backward must recompute {temps} "
+                            f"({recompute[0][1]}), but line {line} draws random "
+                            f"numbers (`{name.rsplit('.', 1)[-1]}`): a replay would "
+                            "draw different ones",
+                            self.path,
+                            line,
+                            column,
+                            text,
+                            "compute the random part as a value without gradient "
+                            "(`mask = torch.rand_like(x) > p`) and use it in "
+                            "differentiable ops, or give backward what it needs "
+                            "without that temporary",
+                        )
+                    ]
+                )
+
+
+def _callee(diff: Differentiator, call: cst.Call) -> str | None:
+    """The op a call runs: a torch function by name, or a tensor method."""
+    func = call.func
+    qualified = diff.qualified_names.get(func) if dotted(func) else None
+    if qualified is not None and qualified.startswith("torch."):
+        return qualified
+    if isinstance(func, cst.Attribute):
+        return f"torch.Tensor.{func.attr.value}"
+    return None
 
 
 def _ordinal(program: Program, version: Version) -> int:
@@ -583,17 +657,36 @@ def _names_read(node: cst.CSTNode) -> set[str]:
     return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
 
 
-def _needed_for(
-    statements: Sequence[cst.BaseStatement], wanted: set[str]
-) -> list[cst.BaseStatement]:
-    """Return the forward statements needed to recompute `wanted`, in order."""
+def _replay(
+    statements: Sequence[cst.BaseStatement],
+    wanted: set[str],
+    values: Mapping[str, Value],
+) -> tuple[list[cst.BaseStatement], list[str]]:
+    """The forward statements to replay for `wanted`, and the leaves they read.
+
+    A leaf is a value without gradient that forward finished computing before the
+    first replayed statement reading it: it is saved and passed in, not replayed.
+    Everything else a replayed statement reads is replayed too (or is an input).
+    """
+    written = [writes(s) for s in statements]
     needed = set(wanted)
-    kept = []
-    for statement in reversed(statements):
-        if bound(statement) & needed:
-            kept.append(statement)
-            needed |= _names_read(statement)
-    return list(reversed(kept))
+    kept: list[int] = []
+    leaves: dict[str, None] = {}
+    replayed: set[str] = set()
+    for i in reversed(range(len(statements))):
+        if not written[i] & needed:
+            continue
+        kept.append(i)
+        replayed |= written[i]
+        for name in sorted(_names_read(statements[i])):
+            value = values.get(name)
+            writers = [j for j, w in enumerate(written) if name in w]
+            if value is not None and not value.diff and writers and max(writers) < i:
+                leaves[name] = None
+            else:
+                needed.add(name)
+    order = [name for name in leaves if name not in replayed and name not in needed]
+    return [statements[i] for i in sorted(kept)], order
 
 
 def _backward_locals(diff: Differentiator) -> set[str]:
@@ -636,6 +729,7 @@ def differentiate(
     source: str,
     siblings: Mapping[str, Sibling] | None = None,
     facts: ModuleFacts | None = None,
+    path: str = "<source>",
 ) -> Lifted:
     """Complete `lifted` with the gradients of its temporaries."""
-    return Planner(lifted, options, source, siblings, facts).plan()
+    return Planner(lifted, options, source, siblings, facts, path).plan()

@@ -25,6 +25,7 @@ from s2sgrad.values import (
     ModuleFacts,
     Value,
     param_value,
+    writes,
 )
 from s2sgrad.values import top as unknown
 
@@ -140,6 +141,16 @@ class _Builder:
         self.versions.append(version)
         return version
 
+    def after(self, node: cst.CSTNode, env: Mapping[str, Version]) -> dict[str, Value]:
+        """The values of names after a statement reverse mode cannot see into."""
+        values = {name: v.value for name, v in env.items()}
+        evaluator = Evaluator(self.diff.qualified_names, values, self.facts)
+        if isinstance(node, cst.BaseStatement):
+            evaluator.statement(node)
+        elif isinstance(node, cst.BaseSmallStatement):
+            evaluator.small(node)
+        return evaluator.env
+
     def value(self, node: cst.BaseExpression, env: Mapping[str, Version]) -> Value:
         values = {name: v.value for name, v in env.items()}
         return Evaluator(self.diff.qualified_names, values, self.facts).expr(node)
@@ -171,8 +182,10 @@ class _Builder:
             return steps
         if isinstance(node, cst.If):
             return [self.branch(node, env, top, line)]
+        after = self.after(node, env)
         created = [
-            self.new(n, unknown(True), top, in_branch) for n in sorted(bound(node))
+            self.new(n, after.get(n, unknown(True)), top, in_branch)
+            for n in sorted(writes(node) & (set(env) | bound(node)))
         ]
         env.update({v.name: v for v in created})
         kind = type(node).__name__
@@ -241,10 +254,13 @@ class _Builder:
                 )
                 env[node.target.value] = version
                 return [Assign(version, value, statement, before, line, augmented=True)]
-        names = sorted(bound(node))
+        names = sorted(writes(node) & (set(env) | bound(node)))
         if not names:
             return []
-        created = [self.new(n, unknown(True), top, in_branch) for n in names]
+        after = self.after(node, env)
+        created = [
+            self.new(n, after.get(n, unknown(True)), top, in_branch) for n in names
+        ]
         env.update({v.name: v for v in created})
         return [Opaque(created, line, "a statement with no derivative rule")]
 
@@ -301,8 +317,14 @@ class _Builder:
                 env[t.value.value] = version
                 steps.append(Assign(version, v.value, statement, before, line))
             return steps
+        evaluator = Evaluator(
+            self.diff.qualified_names,
+            {name: v.value for name, v in before.items()},
+            self.facts,
+        )
+        evaluator.bind(target, evaluator.expr(value), value)
         created = [
-            self.new(n, unknown(True), top, in_branch)
+            self.new(n, evaluator.env.get(n, unknown(True)), top, in_branch)
             for n in sorted(bound_target(target))
         ]
         env.update({v.name: v for v in created})

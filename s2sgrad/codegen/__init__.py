@@ -21,6 +21,7 @@ from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, ParsedModule
 from s2sgrad.header import FORMAT_VERSION, HASH_MARK, Origin, source_hash
 from s2sgrad.lift import Lifted
+from s2sgrad.lines import split_lines
 from s2sgrad.names import Names
 from s2sgrad.options import Options
 
@@ -122,7 +123,7 @@ def _check_collisions(parsed: ParsedModule, lifted: list[Lifted]) -> None:
                         parsed.path,
                         diff.first_line,
                         1,
-                        parsed.source.splitlines()[diff.first_line - 1],
+                        split_lines(parsed.source)[diff.first_line - 1],
                         "rename the helper, or call the other differentiator's op from a "
                         "plain helper function",
                     )

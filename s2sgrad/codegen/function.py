@@ -353,7 +353,9 @@ class FunctionWriter:
                 lines += ["    " + s for s in self._split(self.flat, self.lengths)]
         if self._returns_tuple():
             targets = self._unpack_outputs()
-            if any(t != "_" for t in targets):
+            if len(targets) == 1 and targets[0].startswith("*"):
+                lines.append(f"    {targets[0][1:]} = {self.output_name}")
+            elif any(t != "_" for t in targets):
                 lines.append(f"    {_targets(targets)} = {self.output_name}")
         values = [self._value(s) for s in context]
         if self.helpers:
@@ -484,7 +486,8 @@ class FunctionWriter:
         start = str(skipped) if skipped else ""
         for k, (grad, out) in enumerate(zip(listed, self.listed_outputs, strict=True)):
             if k == len(listed) - 1:
-                lines.append(f"    {grad} = list({self.rest}[{start}:])")
+                tail = f"{self.rest}[{start}:]" if start else self.rest
+                lines.append(f"    {grad} = list({tail})")
             else:
                 count = f"len({self.ctx}.{out.var}_like)"
                 stop = f"{start} + {count}" if start else count
@@ -558,8 +561,7 @@ class FunctionWriter:
     def _nones(self) -> str:
         if self.listed:
             return f"(None,) * len({self.ctx}.needs_input_grad)"
-        n = len(self.inputs)
-        return ", ".join(["None"] * n) + ("," if n == 1 else "")
+        return ", ".join(["None"] * len(self.inputs))
 
     def _return(self, call: str, nones: str) -> list[str]:
         """Return one gradient per Function input: None where none can be taken."""
@@ -595,9 +597,7 @@ class FunctionWriter:
                 head.append(entry)
             position += 1
         items = head + tail
-        lines.append(
-            f"    return {_listing(items)}"
-        )
+        lines.append(f"    return {_listing(items)}")
         return lines
 
     # -- the op ---------------------------------------------------------------------
@@ -631,7 +631,8 @@ class FunctionWriter:
                 pieces.append(f"{out}[{plain}]")
                 plain += 1
             elif o is listed[-1]:
-                pieces.append(f"{o.form}({out}[{start}:])")
+                tail = f"{out}[{start}:]" if start != "0" else out
+                pieces.append(f"{o.form}({tail})")
             else:
                 stop = f"{start} + {out}[{lengths_at}][{listed.index(o)}]"
                 pieces.append(f"{o.form}({out}[{start}:{stop}])")
@@ -655,8 +656,12 @@ def _tuple(items: list[str]) -> str:
 
 def _listing(items: list[str]) -> str:
     """Items to return: `a, b`; one plain item alone; one `*starred` as a tuple."""
+    if len(items) == 1 and items[0].startswith("*("):
+        return f"tuple{items[0][1:]}"
+    if len(items) == 1 and items[0].startswith("*"):
+        return f"tuple({items[0][1:]})"
     if len(items) == 1:
-        return f"({items[0]},)" if items[0].startswith("*") else items[0]
+        return items[0]
     return ", ".join(items)
 
 

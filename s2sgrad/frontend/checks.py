@@ -60,18 +60,36 @@ def closing_return(forward: cst.FunctionDef) -> cst.Return | None:
 def returned_pair(
     forward: cst.FunctionDef,
 ) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-    """Return (RESULT, BACKWARD) of a final `return RESULT, BACKWARD`."""
+    """Return (RESULT, BACKWARD) of a final `return RESULT, BACKWARD`.
+
+    The flat form PyTorch's own closures use, `return out1, out2, backward`, means
+    `return (out1, out2), backward`: RESULT is then that tuple (a new node).
+    """
     ret = final_return(forward)
+    return _split_pair(ret)
+
+
+def _split_pair(
+    ret: cst.Return | None,
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
     if (
         ret is None
         or not isinstance(ret.value, cst.Tuple)
-        or len(ret.value.elements) != 2
+        or len(ret.value.elements) < 2
+        or any(isinstance(e, cst.StarredElement) for e in ret.value.elements)
     ):
         return None
-    first, second = ret.value.elements
-    if isinstance(first, cst.StarredElement) or isinstance(second, cst.StarredElement):
+    *outputs, last = ret.value.elements
+    if len(outputs) == 1:
+        return outputs[0].value, last.value
+    if not isinstance(last.value, (cst.Name, cst.Lambda)):
         return None
-    return first.value, second.value
+    result = cst.Tuple(
+        [e.with_changes(comma=cst.MaybeSentinel.DEFAULT) for e in outputs],
+        lpar=[cst.LeftParen()],
+        rpar=[cst.RightParen()],
+    )
+    return result, last.value
 
 
 def nested_defs(forward: cst.FunctionDef) -> list[cst.FunctionDef]:
@@ -232,12 +250,7 @@ def check_structure(
 def _closing_pair(
     closing: cst.Return | None,
 ) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-    if closing is None or not isinstance(closing.value, cst.Tuple):
-        return None
-    elements = closing.value.elements
-    if len(elements) != 2:
-        return None
-    return elements[0].value, elements[1].value
+    return _split_pair(closing)
 
 
 def _check_returned(
@@ -275,8 +288,8 @@ def _check_returned(
     values = _returned_values(closing)
     code = cst.Module([]).code_for_node
     at = [i for i, v in enumerate(values) if m.matches(v, m.Name(backward))]
-    if len(values) == 2 and at and at[-1] == 1:
-        return None
+    if len(values) >= 2 and at and at[-1] == len(values) - 1:
+        return None  # `return result, backward`, or flat: `return a, b, backward`
     if len(values) == 1 and at:
         return [
             loc.error(
@@ -285,17 +298,6 @@ def _check_returned(
                 f"`{name}` returns only `{backward}`; a differentiator returns its "
                 f"result and `{backward}`",
                 f"write `return result, {backward}`",
-            )
-        ]
-    if at and at[-1] == len(values) - 1:
-        outputs = ", ".join(code(v) for v in values[:-1])
-        return [
-            loc.error(
-                "S2S106",
-                closing,
-                f"`{name}` returns {len(values)} values; a differentiator returns "
-                f"two: its result and `{backward}`",
-                f"put the outputs in one tuple: `return ({outputs}), {backward}`",
             )
         ]
     if at:

@@ -1,35 +1,19 @@
 """Turn nodes into located diagnostics.
 
 `Locator` wraps the positions libcst's PositionProvider computed for one module and
-builds `Diagnostic` values that point at a node, with the source line for the caret.
-Lines are split the way Python and libcst count them (`\\n`, `\\r\\n`, `\\r`), not by
-`str.splitlines`, which also breaks at form feeds and other separators.
+builds `Diagnostic` values that point at a node, with the source line for the caret
+(lines split by `s2sgrad.lines`, as Python numbers them).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import libcst as cst
 from libcst.metadata import CodeRange
 
 from s2sgrad.diagnostics import Diagnostic
-
-_NEWLINE = re.compile(r"\r\n|\r|\n")
-
-
-def split_lines(source: str) -> list[str]:
-    """Split `source` into lines as Python numbers them (no line terminators)."""
-    lines = _NEWLINE.split(source)
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines
-
-
-def line_text(lines: list[str], line: int) -> str:
-    """Return line `line` (1-based) of `lines`, or "" when out of range."""
-    return lines[line - 1] if 0 < line <= len(lines) else ""
+from s2sgrad.lines import line_text, split_lines
 
 
 class Locator:

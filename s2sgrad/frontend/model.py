@@ -54,6 +54,26 @@ class Use:
 
 
 @dataclass(frozen=True)
+class InPlace:
+    """An in-place write in forward to a value forward created (not an input).
+
+    Whether it is accepted (the value carries no gradient), rewritten out of place or
+    rejected depends on the value, which lifting knows; the frontend records where.
+    """
+
+    #: The variable whose value changes, and the node to point at.
+    name: str
+    node: cst.CSTNode
+    #: method (`t.add_(...)`), function (`torch.relu_(t)`), inplace (`inplace=True`),
+    #: out (`out=t`) or store (`t[0] = 0`, `t[0] += 1`, `t.data = ...`).
+    kind: str
+    #: The code that writes, as written: `t.add_`, `torch.relu_`, `t[0] = ...`.
+    code: str
+    line: int
+    column: int
+
+
+@dataclass(frozen=True)
 class Capture:
     """A free variable of backward that resolves to the forward's scope."""
 
@@ -107,6 +127,8 @@ class Differentiator:
     statement_lines: Mapping[cst.CSTNode, int]
     #: `# s2sgrad: key=value` pragmas on the def line or in the body.
     pragmas: Mapping[str, str]
+    #: In-place writes in forward to values forward created.
+    writes: tuple[InPlace, ...] = ()
 
 
 @dataclass(frozen=True)

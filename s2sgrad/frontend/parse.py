@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import ast
 import codecs
+import difflib
 import re
 import warnings
-from collections.abc import Iterable
+from typing import get_args
 
 import libcst as cst
 import libcst.matchers as m
@@ -30,11 +31,16 @@ from libcst.metadata import (
 
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import checks
-from s2sgrad.frontend.locate import Locator, line_text, split_lines
+from s2sgrad.frontend.locate import Locator
 from s2sgrad.frontend.model import Differentiator, Helper, Param, ParsedModule
 from s2sgrad.frontend.scopes import ScopeAnalysis, global_name
+from s2sgrad.lines import line_text, split_lines
+from s2sgrad.options import Policy
 
-_PRAGMA = re.compile(r"#\s*s2sgrad:\s*([A-Za-z_-]+)\s*=\s*([A-Za-z0-9_.-]+)")
+_PRAGMA_START = re.compile(r"#\s*s2sgrad\s*:(.*)$")
+_PRAGMA_PAIR = re.compile(r"([A-Za-z_][\w-]*)\s*=\s*([\w.-]+)")
+#: Pragma keys and the values each one takes.
+PRAGMAS: dict[str, tuple[str, ...]] = {"policy": get_args(Policy)}
 _CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.MULTILINE)
 
 
@@ -535,6 +541,9 @@ def _build(
     nodes = walk.nodes
     returns = [n for n in walk.inside(backward) if isinstance(n, cst.Return)]
     params = _params(forward, returns)
+    pragmas, problems = _pragmas([n for n in nodes if isinstance(n, cst.Comment)], loc)
+    if problems:
+        return None, problems
     first = loc.line_of(forward)
     last = analysis.positions[forward].end.line
     record = Differentiator(
@@ -561,7 +570,8 @@ def _build(
             for n in nodes
             if isinstance(n, cst.BaseStatement) and n in analysis.positions
         },
-        pragmas=_pragmas(n for n in nodes if isinstance(n, cst.Comment)),
+        pragmas=pragmas,
+        writes=facts.writes,
     )
     return record, []
 
@@ -633,10 +643,63 @@ def _returns_bare_none(returns: list[cst.Return]) -> bool:
     return any(r.value is None or m.matches(r.value, m.Name("None")) for r in returns)
 
 
-def _pragmas(comments: Iterable[cst.Comment]) -> dict[str, str]:
-    """Read `# s2sgrad: key=value` comments above the def and inside it."""
+def _pragmas(
+    comments: list[cst.Comment], loc: Locator
+) -> tuple[dict[str, str], list[Diagnostic]]:
+    """Read `# s2sgrad: key=value` comments above the def and inside it.
+
+    A comment that starts like a pragma but names an unknown key or value, or that
+    cannot be read as `key=value`, is an error (S2S122): a typo must not silently
+    fall back to the default.
+    """
     found: dict[str, str] = {}
+    problems: list[Diagnostic] = []
     for comment in comments:
-        for key, value in _PRAGMA.findall(comment.value):
-            found[key] = value
-    return found
+        start = _PRAGMA_START.match(comment.value)
+        if start is None:
+            continue
+        text = start.group(1)
+        pairs = _PRAGMA_PAIR.findall(text)
+        rest = _PRAGMA_PAIR.sub("", text).strip(" \t,")
+        if rest or not pairs:
+            problems.append(
+                loc.error(
+                    "S2S122",
+                    comment,
+                    f"cannot read `{comment.value.strip()}` as a pragma",
+                    f"write `# s2sgrad: key=value` ({_known_pragmas()})",
+                )
+            )
+            continue
+        for key, value in pairs:
+            problem = _check_pragma(key, value, comment, loc)
+            if problem is None:
+                found[key] = value
+            else:
+                problems.append(problem)
+    return found, problems
+
+
+def _known_pragmas() -> str:
+    return "; ".join(f"{k}={'|'.join(v)}" for k, v in PRAGMAS.items())
+
+
+def _check_pragma(
+    key: str, value: str, comment: cst.Comment, loc: Locator
+) -> Diagnostic | None:
+    if key not in PRAGMAS:
+        close = difflib.get_close_matches(key, list(PRAGMAS), n=1)
+        hint = f"did you mean `{close[0]}`?" if close else f"known: {_known_pragmas()}"
+        return loc.error("S2S122", comment, f"unknown pragma `{key}`", hint)
+    allowed = PRAGMAS[key]
+    if value not in allowed:
+        close = difflib.get_close_matches(value, list(allowed), n=1)
+        hint = (
+            f"did you mean `{key}={close[0]}`?"
+            if close
+            else f"write one of {', '.join(f'`{key}={v}`' for v in allowed)}"
+        )
+        return loc.error(
+            "S2S122", comment, f"`{value}` is not a value of the pragma `{key}`", hint
+        )
+    return None

@@ -34,6 +34,7 @@ from s2sgrad.frontend.model import (
     METADATA_METHODS,
     Capture,
     GlobalName,
+    InPlace,
     Use,
 )
 
@@ -44,6 +45,7 @@ class ScopeFacts:
     globals_used: tuple[str, ...]
     local_names: frozenset[str]
     diagnostics: tuple[Diagnostic, ...]
+    writes: tuple[InPlace, ...] = ()
 
 
 class ScopeAnalysis:
@@ -156,17 +158,16 @@ class ScopeAnalysis:
                 uses.items(), key=lambda kv: min(self._pos(x.name) for x in kv[1])
             )
         )
-        finder = _MutationFinder(
-            {c.name for c in captures} | {p.name.value for p in _all_params(forward)},
-            backward,
-            self.imported,
-        )
+        finder = _MutationFinder(backward, self.imported)
         forward.body.visit(finder)
         found += self._augmented_before_assignment(finder.augmented)
-        found += self._mutations(forward, finder.hits, captures)
+        problems, writes = self._mutations(forward, finder.hits, captures)
+        found += problems
         found.sort(key=lambda d: (d.line, d.column))
         ordered_globals = tuple(sorted(globals_used, key=lambda n: globals_used[n]))
-        return ScopeFacts(captures, ordered_globals, frozenset(names), tuple(found))
+        return ScopeFacts(
+            captures, ordered_globals, frozenset(names), tuple(found), writes
+        )
 
     def _scope_order(self, scope: Scope) -> tuple[int, int]:
         node = getattr(scope, "node", None)
@@ -313,13 +314,23 @@ class ScopeAnalysis:
         forward: cst.FunctionDef,
         hits: list[_Hit],
         captures: tuple[Capture, ...],
-    ) -> list[Diagnostic]:
-        """Diagnose in-place writes to captured values, in backward or after capture."""
+    ) -> tuple[list[Diagnostic], tuple[InPlace, ...]]:
+        """Diagnose in-place writes to inputs, and to captured values in backward or
+        by `del`; return forward's writes to values it created, for lifting to judge
+        (they are fine on values that carry no gradient)."""
         captured = {c.name for c in captures}
         params = {p.name.value for p in _all_params(forward)}
         found = []
+        writes = []
         for hit in hits:
-            if hit.name not in captured and (hit.in_backward or hit.kind == "del"):
+            if hit.in_backward or hit.kind == "del":
+                if hit.name not in captured:
+                    continue
+            elif hit.name not in params:
+                line, column = self._pos(hit.node)
+                writes.append(
+                    InPlace(hit.name, hit.node, hit.kind, hit.code, line, column + 1)
+                )
                 continue
             what = (
                 f"the input `{hit.name}`"
@@ -328,7 +339,7 @@ class ScopeAnalysis:
             )
             message, hint = _describe(hit, what)
             found.append(self.loc.error("S2S103", hit.node, message, hint))
-        return found
+        return found, tuple(writes)
 
 
 def _size_index(call: cst.Call) -> cst.BaseExpression | None:
@@ -455,10 +466,7 @@ def _describe(hit: _Hit, what: str) -> tuple[str, str]:
 class _MutationFinder(cst.CSTVisitor):
     """Find in-place calls, item/attribute stores, `del` and `out=` on given names."""
 
-    def __init__(
-        self, names: set[str], backward: cst.FunctionDef, imported: frozenset[str]
-    ) -> None:
-        self.names = names
+    def __init__(self, backward: cst.FunctionDef, imported: frozenset[str]) -> None:
         self.backward = backward
         self.imported = imported
         self.depth_in_backward = 0
@@ -482,7 +490,7 @@ class _MutationFinder(cst.CSTVisitor):
         code: str | None = None,
     ) -> None:
         base = _base_name(target)
-        if base is not None and base in self.names:
+        if base is not None:
             shown = code if code is not None else _code(target)
             self.hits.append(_Hit(node, base, self.depth_in_backward > 0, kind, shown))
 

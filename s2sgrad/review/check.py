@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 from typing import Literal
 
+from s2sgrad.lines import split_lines
+
 Status = Literal["unchanged", "stale", "missing"]
 
 
@@ -23,8 +25,8 @@ def status(on_disk: str | None, generated: str) -> Status:
 
 def unified_diff(on_disk: str | None, generated: str, label: str) -> str:
     """Return the unified diff that turns the file on disk into the generated text."""
-    old = (on_disk or "").splitlines(keepends=True)
-    new = generated.splitlines(keepends=True)
+    old = split_lines(on_disk or "", keepends=True)
+    new = split_lines(generated, keepends=True)
     lines = difflib.unified_diff(old, new, fromfile=label, tofile=label)
     return "".join(_terminated(line) for line in lines)
 

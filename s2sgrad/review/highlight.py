@@ -13,6 +13,7 @@ import keyword
 import tokenize
 from collections.abc import Mapping
 
+from s2sgrad.lines import split_lines
 from s2sgrad.review.model import ReviewRecord
 
 Span = tuple[str, str | None]
@@ -26,7 +27,7 @@ _TOKEN_STYLE = {
 
 def highlight(code: str, captures: Mapping[str, str]) -> list[list[Span]]:
     """Return the spans of each line of `code`."""
-    lines = code.splitlines()
+    lines = split_lines(code)
     styles: list[list[str | None]] = [[None] * len(line) for line in lines]
     try:
         for token in tokenize.generate_tokens(io.StringIO(code).readline):

@@ -22,6 +22,7 @@ from s2sgrad.codegen import generate
 from s2sgrad.codegen.function import CTX_API, uses_save_helpers
 from s2sgrad.header import Origin
 from s2sgrad.lift import Kind, Lifted, Saved, lift
+from s2sgrad.lines import split_lines
 from s2sgrad.names import Names
 from s2sgrad.options import Options
 from s2sgrad.pipeline import analyse
@@ -118,7 +119,7 @@ def review(
     """Return the review of every differentiator in `source`; raise `TransformError`."""
     parsed, lifted = analyse(source, origin, options)
     generated = _Generated(generate(parsed, lifted, options, origin), output)
-    lines = source.splitlines()
+    lines = split_lines(source)
     _, facts = module_facts(parsed)
     return [
         _record(
@@ -133,7 +134,7 @@ class _Generated:
 
     def __init__(self, text: str, label: str) -> None:
         self.label = label
-        self.lines = text.splitlines()
+        self.lines = split_lines(text)
         module = ast.parse(text)
         self.functions = {
             n.name: n for n in module.body if isinstance(n, ast.FunctionDef)

@@ -1,0 +1,272 @@
+"""Forward-side construction: accept, rewrite or reject forward's in-place writes.
+
+Takes a checked `Differentiator` and what the module tells about values; returns the
+differentiator with its forward statements rewritten, or raises `TransformError`.
+Runs between the frontend and lifting. For each in-place write in forward to a value
+forward created itself (the frontend rejects writes to inputs):
+
+- the value carries no gradient (a list filled by index, `mask.bernoulli_(p)` on a
+  fresh tensor, a `torch.zeros` buffer filled with constants): accepted as written,
+  and backward reads its final value, as Python's late binding says;
+- it is a differentiable tensor: the write is rewritten out of place (`t.clamp_(0)`
+  becomes `t = t.clamp(0)`, `torch.relu_(t)` becomes `t = torch.relu(t)`,
+  `F.relu(t, inplace=True)` drops the flag), as augmented assignment already is, so
+  reverse mode and recomputation see a plain binding;
+- where that is impossible (no out-of-place twin, an item store, `out=`, another name
+  that may share the tensor's memory), it is rejected with S2S123, naming the op.
+
+Invariant: the returned statements compute the same values as the source's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import libcst as cst
+import libcst.matchers as m
+
+from s2sgrad import opfacts
+from s2sgrad.cst import dotted
+from s2sgrad.diagnostics import Diagnostic, TransformError
+from s2sgrad.frontend.model import Differentiator, InPlace
+from s2sgrad.lift import may_alias
+from s2sgrad.lines import line_text, split_lines
+from s2sgrad.values import TENSOR, ModuleFacts, forward_values
+
+
+def out_of_place(
+    diff: Differentiator, facts: ModuleFacts, path: str, source: str
+) -> Differentiator:
+    """Rewrite forward's in-place writes to differentiable tensors out of place."""
+    if not diff.writes:
+        return diff
+    values = forward_values(diff, facts).env
+    rewrites: dict[cst.CSTNode, InPlace] = {}
+    problems: list[Diagnostic] = []
+    lines = split_lines(source)
+    for write in diff.writes:
+        value = values.get(write.name)
+        if value is None or TENSOR not in value.kinds or not value.diff:
+            continue  # carries no gradient: forward builds it, backward reads it
+        call = _call_of(diff, write)
+        why = _why_not(diff, write, call)
+        if why is None:
+            assert call is not None
+            rewrites[call] = write
+        else:
+            problems.append(_reject(write, why, path, lines))
+    if problems:
+        raise TransformError(problems)
+    if not rewrites:
+        return diff
+    rewriter = _Rewrite(diff, rewrites)
+    statements = tuple(_statement(s.visit(rewriter)) for s in diff.statements)
+    lines_of = dict(diff.statement_lines)
+    for new, old in rewriter.replaced.items():
+        if old in lines_of:
+            lines_of[new] = lines_of[old]
+    qualified = {**diff.qualified_names, **rewriter.qualified}
+    return replace(
+        diff,
+        statements=statements,
+        statement_lines=lines_of,
+        qualified_names=qualified,
+    )
+
+
+def _statement(node: object) -> cst.BaseStatement:
+    assert isinstance(node, cst.BaseStatement)
+    return node
+
+
+def _call_of(diff: Differentiator, write: InPlace) -> cst.Call | None:
+    """The call that writes (for `inplace=True`, the call around the argument)."""
+    if isinstance(write.node, cst.Call):
+        return write.node
+    if isinstance(write.node, cst.Arg):
+        for statement in diff.statements:
+            for call in m.findall(statement, m.Call()):
+                assert isinstance(call, cst.Call)
+                if any(a is write.node for a in call.args):
+                    return call
+    return None
+
+
+def _why_not(diff: Differentiator, write: InPlace, call: cst.Call | None) -> str | None:
+    """Why a write cannot be rewritten out of place, or None when it can."""
+    if write.kind == "store":
+        return "an item or attribute store has no out-of-place form here"
+    if write.kind == "out" or call is None:
+        return "`out=` writes into it"
+    if _twin(diff, write, call) is None:
+        return "it has no out-of-place twin"
+    if not _whole_statement(diff, call):
+        return "it is used inside a larger expression"
+    if may_alias(diff, write.name):
+        return "it may be an input's own tensor, which the caller would see change"
+    alias = _alias_of(diff, write.name)
+    if alias is not None:
+        return f"`{alias}` may share its memory, and would not see the change"
+    return None
+
+
+def _twin(
+    diff: Differentiator, write: InPlace, call: cst.Call
+) -> cst.BaseExpression | None:
+    """The out-of-place callee for a write (`t.clamp`, `torch.relu`, `F.relu`)."""
+    func = call.func
+    if write.kind == "inplace":
+        return func
+    if not isinstance(func, cst.Attribute):
+        return None
+    method = func.attr.value
+    if write.kind == "method":
+        twin = opfacts.out_of_place(method)
+        return func.with_changes(attr=cst.Name(twin)) if twin else None
+    qualified = diff.qualified_names.get(func) if dotted(func) else None
+    if qualified is None or not method.endswith("_"):
+        return None
+    plain = qualified[:-1]
+    if not opfacts.signatures(plain):
+        return None
+    return func.with_changes(attr=cst.Name(method[:-1]))
+
+
+def _whole_statement(diff: Differentiator, node: cst.CSTNode) -> bool:
+    """Whether the write is a statement of its own, or the value of `u = ...`."""
+    for statement in diff.statements:
+        for line in m.findall(statement, m.SimpleStatementLine()):
+            assert isinstance(line, cst.SimpleStatementLine)
+            for small in line.body:
+                if isinstance(small, cst.Expr) and small.value is node:
+                    return True
+                if (
+                    isinstance(small, cst.Assign)
+                    and small.value is node
+                    and len(small.targets) == 1
+                    and isinstance(small.targets[0].target, cst.Name)
+                ):
+                    return True
+    return False
+
+
+def _alias_of(diff: Differentiator, name: str) -> str | None:
+    """A name forward binds to `name`'s object or a view of it, if any."""
+    for statement in diff.statements:
+        for assign in m.findall(statement, m.Assign() | m.AnnAssign()):
+            assert isinstance(assign, (cst.Assign, cst.AnnAssign))
+            value = assign.value
+            if value is None or not _may_view(diff, value, name):
+                continue
+            targets = (
+                [t.target for t in assign.targets]
+                if isinstance(assign, cst.Assign)
+                else [assign.target]
+            )
+            for target in targets:
+                if isinstance(target, cst.Name) and target.value != name:
+                    return target.value
+    return None
+
+
+def _may_view(diff: Differentiator, value: cst.BaseExpression, name: str) -> bool:
+    """Whether `value` may be `name`'s tensor or share its memory."""
+    if isinstance(value, cst.Name):
+        return value.value == name
+    if isinstance(value, (cst.Subscript, cst.Attribute)):
+        return _may_view(diff, value.value, name)
+    if isinstance(value, cst.IfExp):
+        return _may_view(diff, value.body, name) or _may_view(diff, value.orelse, name)
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+        func = value.func
+        qualified = diff.qualified_names.get(func) if dotted(func) else None
+        if qualified is not None:
+            first = [a for a in value.args if a.keyword is None][:1]
+            shares = opfacts.is_view(qualified) or opfacts.returns_input(qualified)
+            return bool(first) and shares and _may_view(diff, first[0].value, name)
+        method = f"torch.Tensor.{func.attr.value}"
+        shares = opfacts.is_view(method) or opfacts.returns_input(method)
+        return shares and _may_view(diff, func.value, name)
+    return False
+
+
+class _Rewrite(cst.CSTTransformer):
+    """Replace each accepted write by a binding of its out-of-place form."""
+
+    def __init__(self, diff: Differentiator, writes: dict[cst.CSTNode, InPlace]):
+        self.diff = diff
+        self.writes = writes
+        #: New statement line -> the one it replaces (for source line numbers).
+        self.replaced: dict[cst.CSTNode, cst.CSTNode] = {}
+        #: Qualified names of the new callees (`torch.relu`).
+        self.qualified: dict[cst.CSTNode, str] = {}
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def leave_SimpleStatementLine(
+        self,
+        original_node: cst.SimpleStatementLine,
+        updated_node: cst.SimpleStatementLine,
+    ) -> cst.SimpleStatementLine:
+        body: list[cst.BaseSmallStatement] = []
+        changed = False
+        for small in original_node.body:
+            call = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+            write = self.writes.get(call) if call is not None else None
+            if write is None or not isinstance(call, cst.Call):
+                body.append(small)
+                continue
+            changed = True
+            target = cst.Name(write.name)
+            body.append(
+                cst.Assign([cst.AssignTarget(target)], self._plain(call, write))
+            )
+            if isinstance(small, cst.Assign):
+                body.append(small.with_changes(value=cst.Name(write.name)))
+        if not changed:
+            return updated_node
+        new = updated_node.with_changes(body=body)
+        self.replaced[new] = original_node
+        return new
+
+    def _plain(self, call: cst.Call, write: InPlace) -> cst.Call:
+        twin = _twin(self.diff, write, call)
+        assert twin is not None
+        if write.kind == "function":
+            qualified = self.diff.qualified_names[call.func]
+            self.qualified[twin] = qualified[:-1]
+        args: Sequence[cst.Arg] = call.args
+        if write.kind == "inplace":
+            args = [
+                a
+                for a in call.args
+                if a.keyword is None or a.keyword.value != "inplace"
+            ]
+            if args:
+                args = [
+                    *args[:-1],
+                    args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT),
+                ]
+        return call.with_changes(func=twin, args=args)
+
+
+def _reject(write: InPlace, why: str, path: str, lines: list[str]) -> Diagnostic:
+    shown = (
+        f"`{write.code}(...)`"
+        if write.kind in ("method", "function")
+        else f"`{write.code}`"
+    )
+    return Diagnostic(
+        "S2S123",
+        f"{shown} changes `{write.name}`, a differentiable tensor forward computed, "
+        f"in place, and s2sgrad cannot write it out of place: {why}",
+        path,
+        write.line,
+        write.column,
+        line_text(lines, write.line),
+        "compute the new value out of place and bind it to a name "
+        f"(`{write.name}_new = torch.where(...)`, `index_put`, `scatter`): "
+        "reverse mode and recomputation need each value bound once",
+    )
