@@ -27,6 +27,18 @@ from s2sgrad.cst import bound, dotted, statements
 from s2sgrad.frontend.model import Differentiator, Helper, Param
 
 TENSOR, NONE, NUMBER, OTHER, SEQ = "tensor", "none", "number", "other", "seq"
+
+#: `t += x` computes `t + x`: the binary operator of each augmented assignment.
+AUG_TO_BINARY: dict[type[cst.BaseAugOp], type[cst.BaseBinaryOp]] = {
+    cst.AddAssign: cst.Add,
+    cst.SubtractAssign: cst.Subtract,
+    cst.MultiplyAssign: cst.Multiply,
+    cst.DivideAssign: cst.Divide,
+    cst.PowerAssign: cst.Power,
+    cst.MatrixMultiplyAssign: cst.MatrixMultiply,
+    cst.FloorDivideAssign: cst.FloorDivide,
+    cst.ModuloAssign: cst.Modulo,
+}
 _ALL = frozenset({TENSOR, NONE, NUMBER, OTHER, SEQ})
 
 
@@ -313,6 +325,8 @@ def _fits(code: str, value: Value) -> bool:
         return bool(value.kinds & {SEQ, NUMBER})
     if code == "N":
         return NONE in value.kinds
+    if code in ("s", "o"):
+        return OTHER in value.kinds
     return True
 
 
@@ -359,6 +373,14 @@ _BUILTINS: dict[str, Value | None] = {
     "getattr": None,
     "print": NONE_VALUE,
 }
+
+#: The methods of Python's numbers.
+_NUMBER_METHODS = frozenset(
+    name
+    for kind in (int, float, complex)
+    for name in dir(kind)
+    if not name.startswith("_")
+)
 
 #: List and dict methods that change their object, and where the new items are.
 _ADDS_ITEM = {"append": 0, "insert": 1, "setdefault": 1}
@@ -547,7 +569,8 @@ class Evaluator:
             out = out.join(seq(left.element(), left.form))
         if SEQ in right.kinds and isinstance(node.operator, cst.Multiply):
             out = out.join(seq(right.element(), right.form))
-        if (left.kinds | right.kinds) & {OTHER, NONE} or not out.kinds:
+        # `None + x` raises: only the other kinds can give a result.
+        if (left.kinds | right.kinds) & {OTHER} or not out.kinds:
             out = out.join(top(diff))
         return out
 
@@ -768,7 +791,13 @@ class Evaluator:
                 if s.accepts(len(positional), set(keywords))
                 and _arguments_fit(s, positional, keywords)
             ]
-            chosen_sigs = fitting or chosen_sigs
+            if fitting:
+                # TorchScript's generic overloads (`add.t(t[] a, t[] b)`) fit anything:
+                # the ones that name the kinds given win, as Python's binding picks.
+                vague = [_vagueness(s, len(positional), set(keywords)) for s in fitting]
+                chosen_sigs = [
+                    s for s, v in zip(fitting, vague, strict=True) if v == min(vague)
+                ]
         results = [_returned(s.returns, diff, form) for s in chosen_sigs]
         return _join_all(results)
 
@@ -791,7 +820,12 @@ class Evaluator:
                 out = out.join(seq(top(diff)))
             else:
                 out = out.join(NONE_VALUE if name in CONTAINER_MUTATORS else top(diff))
-        if receiver.kinds - {TENSOR, SEQ}:
+        # None has no methods, and a number only a few: calling another one raises,
+        # so only the other kinds can give a result.
+        others = receiver.kinds - {TENSOR, SEQ, NONE}
+        if name not in _NUMBER_METHODS:
+            others -= {NUMBER}
+        if others:
             out = out.join(top(diff))
         return out
 
@@ -864,10 +898,15 @@ class Evaluator:
                 value = _differentiable(declared, value.diff)
             self.bind(node.target, value)
         elif isinstance(node, cst.AugAssign):
-            current = self.expr(node.target)
             value = self.expr(node.value)
+            binary = AUG_TO_BINARY.get(type(node.operator))
             if isinstance(node.target, cst.Name):
-                self.bind(node.target, self._augmented(current, value))
+                combined = (
+                    self.expr(cst.BinaryOperation(node.target, binary(), node.value))
+                    if binary is not None
+                    else top(value.diff)
+                )
+                self.bind(node.target, combined)
             else:
                 self._store(node.target, value)
         elif isinstance(node, cst.Expr):
@@ -877,11 +916,6 @@ class Evaluator:
         elif isinstance(node, cst.Return):
             value = NONE_VALUE if node.value is None else self.expr(node.value)
             self.returned = self.returned.join(value)
-
-    def _augmented(self, target: Value, value: Value) -> Value:
-        if SEQ in target.kinds and target.kinds <= {SEQ}:
-            return target.join(seq(value.element(), target.form))
-        return target.join(value) if target.kinds else value
 
     def mutation(self, call: cst.Call) -> None:
         """Join what an in-place call puts into its object (`hs.append(h)`)."""
@@ -985,6 +1019,15 @@ def _arguments_fit(
         if named is not None and not _fits(named.code, value):
             return False
     return True
+
+
+def _vagueness(
+    signature: opfacts.Signature, positional: int, keywords: set[str]
+) -> int:
+    """How many of the arguments given bind to a parameter of unknown type."""
+    plain = [p for p in signature.params if not p.keyword_only][:positional]
+    named = [p for p in signature.params if p.name in keywords]
+    return sum(p.code == "?" for p in plain + named)
 
 
 def _returned(codes: tuple[str, ...], diff: bool, form: str) -> Value:

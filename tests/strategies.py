@@ -98,6 +98,7 @@ class Value:
     shape: Shape
     differentiable: bool
     mask: bool = False  # a bool tensor: only ever the condition of a `torch.where`
+    listed: bool = False  # a list of tensors of this shape (a list parameter, `hs`)
 
 
 # vjp(g, out, operand names) -> one contribution per operand, as source. g is the name
@@ -115,6 +116,10 @@ class Op:
     # The result is a fresh tensor that autograd does not save (so `t += ...` later on
     # it is safe for the reference autograd too).
     fresh: bool = True
+    # Lines written before / after `t = expr` ({t} is the result's name): a size or a
+    # flag a torch call returns, which the vjp reads.
+    before: list[str] = dataclasses.field(default_factory=list)
+    after: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -128,6 +133,10 @@ class Node:
     end: int = -1
     accumulate: bool = False  # meant to become `t += ...` (see _Builder.rebind)
     opaque: bool = False  # a loop: never renamed
+    # An output that is a list of tensors (`torch.split(t, 1)`): its vjp gets the list
+    # of gradients; `pieces` is how many.
+    listed: bool = False
+    pieces: int = 0
 
     @property
     def operands(self) -> list[Value]:
@@ -137,13 +146,21 @@ class Node:
 @dataclasses.dataclass
 class Param:
     name: str
-    kind: str  # "tensor", "float", "bool", "int"
-    shape: Shape = ()
+    kind: str  # "tensor", "tensors" (a list of them), "float", "bool", "int"
+    shape: Shape = ()  # of the tensor, or of each element of a list
     keyword_only: bool = False
     value: Any = None  # the argument, for non-tensor parameters
+    count: int = 0  # the number of elements of a list
+    spelling: str = "List[torch.Tensor]"  # a list's annotation
 
     def annotation(self) -> str:
+        if self.kind == "tensors":
+            return self.spelling
         return {"tensor": "torch.Tensor", "float": "float", "bool": "bool", "int": "int"}[self.kind]
+
+    @property
+    def tensors(self) -> bool:
+        return self.kind in ("tensor", "tensors")
 
 
 @dataclasses.dataclass
@@ -159,10 +176,16 @@ class Program:
     # The importable name the source module must have (it defines a helper the generated
     # module imports), or None.
     module_name: str | None = None
+    # Per output: whether it is a list of tensors (its gradient arrives as a list).
+    listed_outputs: list[bool] = dataclasses.field(default_factory=list)
 
     def __repr__(self) -> str:  # hypothesis prints this for a failing example
-        values = {p.name: p.value for p in self.params if p.kind != "tensor"}
-        shapes = {p.name: p.shape for p in self.params if p.kind == "tensor"}
+        values = {p.name: p.value for p in self.params if not p.tensors}
+        shapes = {
+            p.name: (p.shape if p.kind == "tensor" else [p.shape] * p.count)
+            for p in self.params
+            if p.tensors
+        }
         return (
             f"Program(seed={self.seed}, loss_outputs={self.loss_outputs}, "
             f"shapes={shapes}, values={values}, source=\n{self.source})"
@@ -179,6 +202,13 @@ class Program:
                 v: Any = torch.randn(p.shape, generator=gen, dtype=torch.float64)
                 v.requires_grad_()
                 tensors.append(v)
+            elif p.kind == "tensors":
+                items = [
+                    torch.randn(p.shape, generator=gen, dtype=torch.float64).requires_grad_()
+                    for _ in range(p.count)
+                ]
+                tensors += items
+                v = tuple(items) if p.spelling.startswith("tuple") else items
             else:
                 v = p.value
             if p.keyword_only:
@@ -574,6 +604,12 @@ PARAM_NAMES = [
 ]
 # Temporaries sometimes take one of these names instead of t<N>: names the generated
 # code could pick for its own variables. {p} is a tensor parameter's name.
+LIST_ANNOTATIONS = [
+    "List[torch.Tensor]",
+    "list[torch.Tensor]",
+    "Sequence[torch.Tensor]",
+    "tuple[torch.Tensor, ...]",
+]
 CLASHING_NAMES = [
     "ctx", "output", "inputs", "result", "out", "shape", "dtype", "device", "grad",
     "needs_input_grad", "saved", "count", "apply", "forward", "cls",
@@ -655,6 +691,7 @@ class _Builder:
         has_dim: bool,
         base: Shape,
         inner: Inner | None = None,
+        has_list: bool = False,
     ) -> None:
         self.r = r
         self.has_alpha = has_alpha
@@ -664,6 +701,7 @@ class _Builder:
         self.returns: list[str] = []
         self.bare = False  # backward returns a bare gradient
         self.helpers: set[str] = set()  # module-level helpers used
+        self.listed_outputs: list[bool] = []
         names = r.choice(PARAM_NAMES)
         rows, cols = base
         family = [(rows, cols), (cols,), (1, cols), (rows, 1), (rows, cols), ()]
@@ -679,7 +717,18 @@ class _Builder:
         if has_dim:
             self.dim_value = r.choice([0, -1])
             self.params.append(Param("dim", "int", value=self.dim_value))
-        extras = [p for p in self.params if p.kind != "tensor"]
+        if has_list:  # a list of tensors of run-time length, maybe empty
+            self.params.insert(
+                r.int(0, n_tensors),
+                Param(
+                    r.choice(["xs", "parts", "items"]),
+                    "tensors",
+                    r.choice([(rows, cols), (cols,)]),
+                    count=r.int(0, 4),
+                    spelling=r.choice(LIST_ANNOTATIONS),
+                ),
+            )
+        extras = [p for p in self.params if not p.tensors]
         if extras and r.coin():  # keyword-only, maybe a tensor too
             for p in extras:
                 p.keyword_only = True
@@ -689,7 +738,16 @@ class _Builder:
             rest = self.params[1:]
             r.rng.shuffle(rest)
             self.params = [self.params[0], *rest]
-        self.values = [Value(p.name, p.shape, True) for p in self.params if p.kind == "tensor"]
+        # The signature lists positional parameters first, and backward returns in
+        # the signature's order.
+        self.params = [p for p in self.params if not p.keyword_only] + [
+            p for p in self.params if p.keyword_only
+        ]
+        self.values = [
+            Value(p.name, p.shape, True, listed=p.kind == "tensors")
+            for p in self.params
+            if p.tensors
+        ]
         self.nodes: list[Node] = []
         self.lines: list[str] = []  # the forward body
         self.used_names = {p.name for p in self.params}
@@ -700,7 +758,7 @@ class _Builder:
     def fresh(self, prefix: str) -> str:
         self.counter += 1
         if self.r.coin(0.12):
-            p = self.r.choice([p.name for p in self.params if p.kind == "tensor"])
+            p = self.r.choice([p.name for p in self.params if p.tensors])
             name = self.r.choice(CLASHING_NAMES).format(p=p)
             if name not in self.used_names:
                 self.used_names.add(name)
@@ -711,7 +769,11 @@ class _Builder:
 
     def pick(self, pred: Callable[[Value], bool] = lambda v: True, constants: bool = False) -> Value | None:
         """A value (differentiable unless `constants`), often a recent one (deep DAGs)."""
-        pool = [v for v in self.values if not v.mask and pred(v) and (v.differentiable or constants)]
+        pool = [
+            v
+            for v in self.values
+            if not v.mask and not v.listed and pred(v) and (v.differentiable or constants)
+        ]
         if not pool:
             return None
         if len(pool) > 1 and self.r.coin(0.6):
@@ -798,7 +860,19 @@ class _Builder:
 
     def statement(self) -> None:
         r = self.r
-        roll = r.int(0, 9)
+        roll = r.int(0, 13)
+        if roll == 10 and any(p.kind == "tensors" for p in self.params):
+            self.list_statement()
+            return
+        if roll == 11 and r.coin(0.6):
+            self.append_loop()
+            return
+        if roll == 12:
+            self.construct()
+            return
+        if roll == 13:
+            self.from_torch_call()
+            return
         if roll == 0:  # a detached constant of a differentiable value
             src = self.pick()
             assert src is not None
@@ -844,6 +918,171 @@ class _Builder:
             op = unary_op(r, a, "sin", True)
         self.add_node(op)
 
+    def list_statement(self) -> None:
+        """An op over a list of tensors: a sum (any length), `cat` or `stack` (not empty)."""
+        r = self.r
+        param = r.choice([p for p in self.params if p.kind == "tensors"])
+        xs = next(v for v in self.values if v.name == param.name)
+        count = param.count
+        kinds = ["sum", "sum_start", "loop"] + (["cat", "stack"] if count else [])
+        kind = r.choice(kinds)
+        name = self.fresh("t")
+        start = len(self.lines)
+        vjp: Vjp
+        if kind in ("sum", "sum_start", "loop"):
+            a = self.pick(lambda v: broadcast(v.shape, xs.shape) == v.shape)
+            if a is None:
+                a = self.pick()
+                assert a is not None
+                if broadcast(a.shape, xs.shape) != a.shape:
+                    return
+            if kind == "sum":
+                self.lines.append(f"{name} = {a.name} + sum(1.5 * e for e in {xs.name})")
+            elif kind == "sum_start":
+                self.lines.append(f"{name} = sum([e * 1.5 for e in {xs.name}], {a.name})")
+            else:
+                self.lines += [
+                    f"{name} = {a.name} * 1.0",
+                    f"for e in {xs.name}:",
+                    f"    {name} = {name} + 1.5 * e",
+                ]
+
+            def vjp(g: str, o: str | None, vs: list[str]) -> list[str]:
+                return [g, f"[(1.5 * {_p(g)}).sum_to_size(e.shape) for e in {vs[1]}]"]
+
+            # `sum([], a)` is `a` itself: not a fresh tensor to write into.
+            fresh = kind != "sum_start"
+            op = Op(f"{a.name} + 1.5 * sum({xs.name})", a.shape, [a, xs], vjp, fresh)
+            self.nodes.append(Node(name, a.shape, [op], start, len(self.lines), opaque=True))
+            self.values.append(Value(name, a.shape, True))
+            return
+        if kind == "cat":
+            sizes = self.fresh("sizes")
+            self.lines += [
+                f"{sizes} = [e.shape[0] for e in {xs.name}]" if xs.shape else f"{sizes} = [1 for e in {xs.name}]",
+                f"{name} = torch.cat({xs.name}, 0)" if xs.shape else f"{name} = torch.stack({xs.name})",
+            ]
+            shape = ((xs.shape[0] * count, *xs.shape[1:]) if xs.shape else (count,))
+            split = f"list({{g}}.split({sizes}, 0))"
+
+            def vjp(g: str, o: str | None, vs: list[str]) -> list[str]:
+                return [split.format(g=g)]
+
+        else:
+            self.lines.append(f"{name} = torch.stack({xs.name}) * 2.0")
+            shape = (count, *xs.shape)
+
+            def vjp(g: str, o: str | None, vs: list[str]) -> list[str]:
+                return [f"list((2.0 * {_p(g)}).unbind(0))"]
+
+        op = Op(name, shape, [xs], vjp, fresh=False)
+        self.nodes.append(Node(name, shape, [op], start, len(self.lines), opaque=True))
+        self.values.append(Value(name, shape, True))
+
+    def append_loop(self) -> None:
+        """A list of temporaries filled in a loop (append, by index or insert), which
+        backward reads."""
+        r = self.r
+        a = self.pick()
+        assert a is not None
+        hs, name = self.fresh("hs"), self.fresh("t")
+        n = r.choice([2, 3])
+        start = len(self.lines)
+        item = f"torch.tanh({a.name} * (i + 1.0))"
+        style = r.choice(["append", "index", "insert"])
+        if style == "append":
+            self.lines += [f"{hs} = []", f"for i in range({n}):", f"    {hs}.append({item})"]
+        elif style == "index":
+            self.lines += [f"{hs} = [None] * {n}", f"for i in range({n}):", f"    {hs}[i] = {item}"]
+        else:
+            self.lines += [
+                f"{hs} = []",
+                f"for i in reversed(range({n})):",
+                f"    {hs}.insert(0, {item})",
+            ]
+        self.lines.append(f"{name} = {r.choice(['sum({h})', '{h}[0] + sum({h}[1:])']).format(h=hs)}")
+
+        def vjp(g: str, o: str | None, vs: list[str]) -> list[str]:
+            return [f"{_p(g)} * sum((i + 1.0) * (1.0 - h * h) for i, h in enumerate({hs}))"]
+
+        op = Op(f"sum({hs})", a.shape, [a], vjp, fresh=False)
+        self.nodes.append(Node(name, a.shape, [op], start, len(self.lines), opaque=True))
+        self.values.append(Value(name, a.shape, True))
+        self.values.append(Value(hs, a.shape, True, listed=True))
+
+    def construct(self) -> None:
+        """A constant built in place in forward: a fresh tensor filled by writes."""
+        r = self.r
+        a = self.pick(constants=True)
+        assert a is not None
+        name = self.fresh("c")
+        kinds = ["store", "mul", "fill"] + (["index_fill"] if a.shape else [])
+        kind = r.choice(kinds)
+        if kind == "store":
+            self.lines += [f"{name} = torch.zeros_like({a.name})", f"{name}[{a.name} > 0.0] = 1.5"]
+        elif kind == "mul":
+            self.lines += [f"{name} = torch.ones_like({a.name})", f"{name}.mul_(0.5)"]
+        elif kind == "fill":
+            self.lines += [f"{name} = torch.empty_like({a.name})", f"{name}.fill_(2.0)"]
+        else:
+            self.lines += [
+                f"{name} = torch.full_like({a.name}, 0.25)",
+                f"{name}.index_fill_(0, torch.tensor([0]), 1.0)",
+            ]
+        self.values.append(Value(name, a.shape, False))
+
+    def from_torch_call(self) -> None:
+        """An op whose vjp reads a value of another kind a torch call returned: an
+        `int[]?` (`_size_if_not_equal`), a bool, an int."""
+        r = self.r
+        a = self.pick()
+        assert a is not None
+        kind = r.choice(["sizes", "flag", "count"])
+        if kind == "sizes":
+            b = self.pick(lambda v: broadcast(a.shape, v.shape) is not None, constants=True)
+            assert b is not None
+            shape = broadcast(a.shape, b.shape)
+            assert shape is not None
+            sa, sb = self.fresh("size"), self.fresh("size")
+            after = [
+                f"{sa} = torch.ops.aten._size_if_not_equal({a.name}.size(), {{t}}.size())",
+                f"{sb} = torch.ops.aten._size_if_not_equal({b.name}.size(), {{t}}.size())",
+            ]
+
+            def vjp(g: str, o: str | None, vs: list[str]) -> list[str]:
+                return [
+                    f"torch.ops.aten._grad_sum_to_size({g} * {vs[1]}, {sa})",
+                    f"torch.ops.aten._grad_sum_to_size({g} * {vs[0]}, {sb})",
+                ]
+
+            self.add_node(Op(f"{a.name} * {b.name}", shape, [a, b], vjp, after=after), named=True)
+            return
+        if kind == "flag":
+            flag = self.fresh("is_float")
+            factor = f"(2.0 if {flag} else 0.5)"
+            op = Op(
+                f"{a.name} * {factor}",
+                a.shape,
+                [a],
+                lambda g, o, xs: [f"{g} * {factor}"],
+                before=[f"{flag} = {r.choice(['torch.is_floating_point', 'torch.is_tensor'])}({a.name})"],
+            )
+            self.add_node(op)
+            return
+        count = self.fresh("n")
+        op = Op(
+            f"{a.name} / {count}",
+            a.shape,
+            [a],
+            lambda g, o, xs: [f"{g} / {count}"],
+            before=[
+                f"{count} = "
+                + r.choice(["torch.numel({a})", "{a}.dim()", "len({a}.shape)"]).format(a=a.name)
+                + " + 1"
+            ],
+        )
+        self.add_node(op)
+
     def accumulate(self) -> bool:
         """`t = t + b`, `t = t * 2.5`... on the last temporary, to become `t += b`."""
         r = self.r
@@ -870,14 +1109,17 @@ class _Builder:
         self.nodes[-1].accumulate = True
         return True
 
-    def add_node(self, op: Op) -> None:
+    def add_node(self, op: Op, named: bool = False) -> None:
         name = self.fresh("t")
         start = len(self.lines)
+        self.lines += op.before
         if op.expr.endswith(")[0]") and self.inner is not None and self.r.coin():
             self.lines.append(f"{name}, _ = {op.expr[:-3]}")  # `u, _ = inner(...)`
         else:
             self.lines.append(f"{name} = {op.expr}")
-        self.nodes.append(Node(name, op.shape, [op], start, len(self.lines)))
+        self.lines += [line.format(t=name) for line in op.after]
+        node = Node(name, op.shape, [op], start, len(self.lines), opaque=named)
+        self.nodes.append(node)
         self.values.append(Value(name, op.shape, True))
 
     def branch(self) -> None:
@@ -942,7 +1184,39 @@ class _Builder:
                     self.nodes.append(node)
                     outputs.insert(r.int(0, len(outputs)), node)
                     break
+        if r.coin(0.25):  # a list of tensors as one output
+            listed = self.list_output()
+            if listed is not None:
+                outputs.insert(r.int(0, len(outputs)), listed)
         return outputs
+
+    def list_output(self) -> Node | None:
+        """`torch.split(t, 1)`, `t.unbind(0)`, `list(t.chunk(k))` of a temporary."""
+        r = self.r
+        a = self.pick(lambda v: bool(v.shape) and v.shape[0] >= 2)
+        if a is None:
+            return None
+        n = a.shape[0]
+        kind = r.choice(["split", "unbind", "chunk"])
+        if kind == "split":
+            expr = r.choice(["torch.split({a}, 1)", "{a}.split(1)", "torch.split({a}, 1, 0)"])
+            back, pieces = "torch.cat({g})", n
+        elif kind == "unbind":
+            expr = r.choice(["{a}.unbind(0)", "torch.unbind({a})", "list({a}.unbind())"])
+            back, pieces = "torch.stack({g})", n
+        else:
+            expr = r.choice(["list({a}.chunk({k}))", "torch.chunk({a}, {k})"])
+            back, pieces = "torch.cat({g})", n
+        op = Op(
+            expr.format(a=a.name, k=n),
+            a.shape,
+            [a],
+            lambda g, o, xs: [back.format(g=g)],
+            fresh=False,
+        )
+        node = Node(None, a.shape, [op], listed=True, pieces=pieces)
+        self.nodes.append(node)
+        return node
 
     def backward(self, outputs: list[Node], grad_names: list[str]) -> list[str]:
         """Reverse mode over the nodes, as straight-line source."""
@@ -970,7 +1244,13 @@ class _Builder:
                 if not operand.differentiable or contrib is None:
                     continue
                 local = f"g_{operand.name}"
-                if operand.name in acc:
+                if operand.listed and operand.name in acc:
+                    body.append(
+                        f"{local} = [p + q for p, q in zip({acc[operand.name]}, {contrib})]"
+                    )
+                elif operand.listed:
+                    body.append(f"{local} = {contrib}")
+                elif operand.name in acc:
                     body.append(f"{local} = {acc[operand.name]} + {_p(contrib)}")
                 elif self.r.coin(0.1):  # start from zeros: backward then reads the value
                     body.append(f"{local} = torch.zeros_like({operand.name})")
@@ -980,10 +1260,13 @@ class _Builder:
                 acc[operand.name] = local
         returns = []
         for p in self.params:
-            if p.kind != "tensor":
+            if not p.tensors:
                 returns.append("None")
             elif p.name in acc:
                 returns.append(acc[p.name])
+            elif p.kind == "tensors":  # no path to an output: a zero gradient
+                zeros = f"[torch.zeros_like(e) for e in {p.name}]"
+                returns.append(self.r.choice(["None", zeros]))
             else:  # no path to an output: a zero gradient, either spelling
                 returns.append(self.r.choice(["None", f"torch.zeros_like({p.name})"]))
         self.returns = returns
@@ -1081,9 +1364,10 @@ def build(
     base: Shape,
     inner: Inner | None = None,
     single_output: bool = False,
+    has_list: bool = False,
 ) -> tuple[str, _Builder, int]:
     """One differentiator: (its source, the builder, its number of outputs)."""
-    b = _Builder(r, n_tensors, has_alpha, has_flag, has_dim, base, inner)
+    b = _Builder(r, n_tensors, has_alpha, has_flag, has_dim, base, inner, has_list)
     for _ in range(n_statements):
         b.statement()
     if not b.nodes:  # every statement was a constant
@@ -1098,15 +1382,22 @@ def build(
     else:
         style = r.choice(["grad{i}", "g{i}", "grad_{i}", "dout{i}"])
         grad_names = [style.format(i=i + 1) for i in range(n_out)]
+    grad_names = [
+        f"{g}s" if node.listed else g for g, node in zip(grad_names, outputs, strict=True)
+    ]
     body = b.backward(outputs, grad_names)
 
     def render(node: Node) -> str:
         return node.name if node.name is not None else node.ops[0].expr
 
+    flat = n_out > 1 and r.coin(0.3)  # `return a, b, backward`, as PyTorch writes it
     if n_out == 1:
         result = render(outputs[0])
+    elif flat:
+        result = ", ".join(render(n) for n in outputs)
     else:
         result = "(" + ", ".join(render(n) for n in outputs) + ")"
+    b.listed_outputs = [node.listed for node in outputs]
     body, result = b.rebind(body, result)
     b.lines = [line for line in b.lines if not re.fullmatch(r"(\w+) = \1", line)]  # `a = a`
     b.unpack()
@@ -1131,12 +1422,13 @@ def programs(draw: st.DrawFn) -> Program:
     has_flag = draw(st.booleans())
     has_dim = draw(st.booleans())
     n_statements = draw(st.integers(1, 6))
+    has_list = draw(st.integers(0, 3)) == 0
     r = Chooser(draw(st.integers(0, 2**32 - 1)))
     seed = draw(st.integers(0, 2**31 - 1))
 
     base = r.choice([(2, 3), (3, 4), (3, 3), (4, 2)])
     name = r.choice(["f", "op", "fused", "layer"])
-    parts = ["import math", "", "import torch", "", ""]
+    parts = ["import math", "from typing import List, Sequence", "", "import torch", "", ""]
     inner = None
     ib = None
     module_name = None
@@ -1148,7 +1440,10 @@ def programs(draw: st.DrawFn) -> Program:
         )
         inner = Inner(inner_name, ib.params, ib.nodes[-1].shape, ib.returns, ib.bare)
         parts += [text, "", inner.helper(), ""]
-    text, b, n_out = build(r, name, n_tensors, has_alpha, has_flag, has_dim, n_statements, base, inner)
+    text, b, n_out = build(
+        r, name, n_tensors, has_alpha, has_flag, has_dim, n_statements, base, inner,
+        has_list=has_list,
+    )
     parts.append(text)
     source = "\n".join(parts)
     helpers = sorted(b.helpers | (ib.helpers if inner is not None else set()))
@@ -1158,4 +1453,6 @@ def programs(draw: st.DrawFn) -> Program:
         digest = hashlib.sha1(source.encode()).hexdigest()[:16]
         module_name = f"s2sgrad_hypothesis_{digest}"
     loss_outputs = [i for i in range(n_out) if r.coin(0.7)] or [r.int(0, n_out - 1)]
-    return Program(name, source, b.params, n_out, seed, loss_outputs, module_name)
+    return Program(
+        name, source, b.params, n_out, seed, loss_outputs, module_name, b.listed_outputs
+    )

@@ -19,6 +19,7 @@ import libcst.matchers as m
 from s2sgrad.cst import bound, bound_target, statements
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.values import (
+    AUG_TO_BINARY,
     OBJECT,
     UNKNOWN,
     Evaluator,
@@ -28,17 +29,6 @@ from s2sgrad.values import (
     writes,
 )
 from s2sgrad.values import top as unknown
-
-_AUG_TO_BINARY: dict[type[cst.BaseAugOp], type[cst.BaseBinaryOp]] = {
-    cst.AddAssign: cst.Add,
-    cst.SubtractAssign: cst.Subtract,
-    cst.MultiplyAssign: cst.Multiply,
-    cst.DivideAssign: cst.Divide,
-    cst.PowerAssign: cst.Power,
-    cst.MatrixMultiplyAssign: cst.MatrixMultiply,
-    cst.FloorDivideAssign: cst.FloorDivide,
-    cst.ModuloAssign: cst.Modulo,
-}
 
 
 @dataclass(eq=False)
@@ -246,7 +236,7 @@ class _Builder:
                 node.target, node.value, statement, before, env, top, in_branch, line
             )
         if isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Name):
-            op = _AUG_TO_BINARY.get(type(node.operator))
+            op = AUG_TO_BINARY.get(type(node.operator))
             if op is not None:
                 value = cst.BinaryOperation(node.target, op(), node.value)
                 version = self.new(

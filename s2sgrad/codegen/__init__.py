@@ -24,6 +24,7 @@ from s2sgrad.lift import Lifted
 from s2sgrad.lines import split_lines
 from s2sgrad.names import Names
 from s2sgrad.options import Options
+from s2sgrad.values import param_value
 
 _ACCUMULATE = '''
 def _accumulate(total, grad):
@@ -31,6 +32,19 @@ def _accumulate(total, grad):
     if grad is None:
         return total
     return grad if total is None else total + grad
+'''.lstrip()
+
+#: With list parameters, a gradient may be a list: it is added element by element.
+_ACCUMULATE_LISTS = '''
+def _accumulate(total, grad):
+    """Add gradients where None is a gradient known to be zero; lists element-wise."""
+    if grad is None:
+        return total
+    if total is None:
+        return grad
+    if isinstance(total, (list, tuple)):
+        return [_accumulate(t, g) for t, g in zip(total, grad, strict=True)]
+    return total + grad
 '''.lstrip()
 
 
@@ -74,7 +88,10 @@ def generate(
     doc = f'"""Lifted forward/backward pairs and autograd Functions for `{what}`."""'
     body: list[cst.BaseStatement] = []
     if any(item.gradients and item.gradients.blocks for item in lifted):
-        body.append(cst.parse_statement(_ACCUMULATE))
+        lists = any(
+            param_value(p).tensor_list for item in lifted for p in item.source.params
+        )
+        body.append(cst.parse_statement(_ACCUMULATE_LISTS if lists else _ACCUMULATE))
     if any(uses_save_helpers(item) for item in lifted):
         body += cst.parse_module(SAVE_HELPERS.lstrip()).body
     taken = set(parsed.module_names) | {

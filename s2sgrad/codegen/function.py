@@ -571,6 +571,15 @@ class FunctionWriter:
             return [f"    return {call}"]
         grads = self.grads_name
         lines = [f"    {grads} = {call}"]
+        if len(self.inputs) == 1 and self.listed:
+            # One parameter: backward may return its gradients bare, or in a 1-tuple.
+            count = f"{self.ctx}.{self.list_lengths[self.inputs[0].name]}"
+            return lines + [
+                f"    if type({grads}) is tuple and len({grads}) == 1 and not "
+                f"isinstance({grads}[0], torch.Tensor):",
+                f"        {grads} = {grads}[0]",
+                f"    return tuple({grads} if {grads} is not None else [None] * {count})",
+            ]
         if bare_none:
             lines += [f"    if {grads} is None:", f"        return {nones}"]
         head: list[str] = []

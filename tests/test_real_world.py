@@ -1,0 +1,571 @@
+"""Closure-style rules as other people write them (issue 11), against torch.autograd.
+
+Each case is a module-level differentiator of a kind that once converted and then
+crashed or lost a gradient: lists of tensors in and out, values of other kinds returned
+by torch calls (`int[]?`, `bool`), containers of temporaries filled in loops,
+forward-side construction (in-place writes to fresh values), flat multi-output returns,
+names Python mangles. For every case the generated op's outputs and its gradients of
+orders 1, 2 and 3 (of weighted sums, some outputs left without gradient) equal
+torch.autograd through the closure's own forward, in float64, and `gradcheck` and
+`gradgradcheck` pass on the op. The source module is importable (the generated module
+imports its helpers from it), as it is for users.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+import textwrap
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from s2sgrad import transform
+
+F64 = torch.float64
+
+
+def r(*shape: int) -> torch.Tensor:
+    return torch.randn(shape, dtype=F64, requires_grad=True)
+
+
+@dataclass
+class Case:
+    name: str
+    source: str
+    function: str
+    #: Returns (args, kwargs) with fresh tensors requiring grad.
+    inputs: Callable[[], tuple[list[Any], dict[str, Any]]]
+    #: Which outputs (flattened) the loss uses; None: all.
+    used: Sequence[int] | None = None
+    #: The op draws random numbers: reseed before each call.
+    random: bool = False
+    orders: Sequence[int] = (1, 2, 3)
+    #: Finite differences apply (False where forward detaches a value on purpose).
+    gradcheck: bool = True
+    #: Substrings the generated module must contain.
+    generated: Sequence[str] = field(default_factory=tuple)
+
+
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors in an argument or a result (lists and tuples flattened)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_of(v)]
+    return []
+
+
+def load(case: Case) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(closure module, generated module, generated text)."""
+    digest = hashlib.sha256(case.source.encode()).hexdigest()[:8]
+    stem = re.sub(r"\W", "_", case.name)
+    name = f"wild_{stem}_{digest}"
+    module = types.ModuleType(name)
+    module.__file__ = f"{name}.py"
+    exec(compile(case.source, f"{name}.py", "exec"), module.__dict__)
+    sys.modules[name] = module
+    text = transform(case.source, f"{name}.py", name)
+    generated: dict[str, Any] = {"__name__": f"{name}_grad"}
+    exec(compile(text, f"{name}_grad.py", "exec"), generated)
+    return module.__dict__, generated, text
+
+
+def closure_forward(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The closure's result, computed by torch (the flat form returns `*outs, bw`)."""
+
+    def result(*args: Any, **kwargs: Any) -> Any:
+        *outputs, _backward = fn(*args, **kwargs)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    return result
+
+
+def grads(
+    fn: Callable[..., Any], case: Case, order: int, seed: int = 0
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(outputs, order-th gradients w.r.t. every input tensor) by torch.autograd."""
+    torch.manual_seed(seed)
+    args, kwargs = case.inputs()
+    inputs = tensors_of(args) + tensors_of(kwargs)
+    if case.random:
+        torch.manual_seed(1234)
+    outputs = tensors_of(fn(*args, **kwargs))
+    used = range(len(outputs)) if case.used is None else case.used
+    gen = torch.Generator().manual_seed(99)
+    total = sum(
+        (outputs[i] * torch.randn(outputs[i].shape, generator=gen, dtype=F64)).sum()
+        for i in used
+    )
+    found: list[torch.Tensor] = [torch.zeros_like(t) for t in inputs]
+    for k in range(order):
+        if not (isinstance(total, torch.Tensor) and total.requires_grad):
+            found = [torch.zeros_like(t) for t in inputs]  # constant: zero from here
+            break
+        found = list(
+            torch.autograd.grad(
+                total, inputs, create_graph=True, allow_unused=True,
+                materialize_grads=True,
+            )
+        )
+        total = sum((g * (1.0 + 0.5 * i + k)).sum() for i, g in enumerate(found))
+    return [o.detach() for o in outputs], [g.detach() for g in found]
+
+
+CASES = [
+    Case(
+        "cat_scale",
+        """
+        from typing import List
+        import torch
+
+        def cat_scale(xs: List[torch.Tensor], scale: float):
+            sizes = [x.shape[0] for x in xs]
+            out = torch.cat(xs, 0) * scale
+            def backward(g):
+                return list((g * scale).split(sizes, 0)), None
+            return out, backward
+        """,
+        "cat_scale",
+        lambda: ([[r(2, 3), r(1, 3), r(3, 3)], 1.5], {}),
+        generated=("def forward(scale, *xs):",),
+    ),
+    Case(
+        "addcmul_sizes",
+        """
+        import torch
+
+        def addcmul(self, t1, t2, *, value: float):
+            result = torch.addcmul(self, t1, t2, value=value)
+            t1_size = torch.ops.aten._size_if_not_equal(t1.size(), result.size())
+            t2_size = torch.ops.aten._size_if_not_equal(t2.size(), result.size())
+            def backward(g):
+                return (
+                    g,
+                    torch.ops.aten._grad_sum_to_size(g * value * t2, t1_size),
+                    torch.ops.aten._grad_sum_to_size(g * value * t1, t2_size),
+                    None,
+                )
+            return result, backward
+        """,
+        "addcmul",
+        lambda: ([r(2, 3), r(3), r(2, 1)], {"value": 0.5}),
+    ),
+    Case(
+        "unrolled_list_of_temporaries",
+        """
+        import torch
+
+        def unrolled(x: torch.Tensor, w: torch.Tensor, steps: int = 3):
+            hs = []
+            h = x
+            for _ in range(steps):
+                h = torch.tanh(h @ w)
+                hs.append(h)
+            def backward(g):
+                gx, gw = g, torch.zeros_like(w)
+                for i in reversed(range(steps)):
+                    prev = hs[i - 1] if i > 0 else x
+                    ga = gx * (1 - hs[i] * hs[i])
+                    gw = gw + prev.t() @ ga
+                    gx = ga @ w.t()
+                return gx, gw, None
+            return h, backward
+        """,
+        "unrolled",
+        lambda: ([r(2, 3), r(3, 3)], {}),
+        generated=("hs.append(h)",),
+    ),
+    Case(
+        "list_filled_by_index_and_insert",
+        """
+        import torch
+
+        def ladder(x: torch.Tensor, n: int = 3):
+            acts = [None] * n
+            for i in range(n):
+                acts[i] = torch.sin(x * (i + 1))
+            firsts = []
+            firsts.insert(0, acts[0])
+            def backward(g):
+                total = 0
+                for i in range(n):
+                    total = total + g * (i + 1) * torch.cos(x * (i + 1)) * acts[-1]
+                    total = total + g * acts[i] * (n * torch.cos(x * n))
+                return total + 0 * firsts[0], None
+            return sum(a * acts[-1] for a in acts), backward
+        """,
+        "ladder",
+        lambda: ([r(4)], {}),
+    ),
+    Case(
+        "dict_filled_by_key",
+        """
+        import torch
+
+        def two_powers(x: torch.Tensor):
+            cache = {}
+            cache["sq"] = x * x
+            cache["cube"] = cache["sq"] * x
+            def backward(g):
+                return g * (2 * x + 3 * cache["sq"])
+            return cache["sq"] + cache["cube"], backward
+        """,
+        "two_powers",
+        lambda: ([r(3, 2)], {}),
+    ),
+    Case(
+        "comprehension_over_list_param",
+        """
+        from typing import Sequence
+        import torch
+
+        def sum_of_squares(xs: Sequence[torch.Tensor]):
+            squares = [x * x for x in xs]
+            def backward(g):
+                return [2 * g * sq / x for sq, x in zip(squares, xs)]
+            return torch.stack(squares).sum(0), backward
+        """,
+        "sum_of_squares",
+        lambda: ([[r(3), r(3)]], {}),
+    ),
+    Case(
+        "stack_of_list_param",
+        """
+        from typing import List
+        import torch
+
+        def weighted_stack(xs: List[torch.Tensor], w: torch.Tensor):
+            s = torch.stack(xs) * w
+            def backward(g):
+                return list((g * w).unbind(0)), (g * torch.stack(xs)).sum(0)
+            return s, backward
+        """,
+        "weighted_stack",
+        lambda: ([[r(3), r(3), r(3)], r(3)], {}),
+    ),
+    Case(
+        "empty_list_param",
+        """
+        from typing import List
+        import torch
+
+        def biased_sum(xs: List[torch.Tensor], b: torch.Tensor):
+            total = b * 1.0
+            for x in xs:
+                total = total + x.sum()
+            def backward(g):
+                return [g.sum() * torch.ones_like(x) for x in xs], g
+            return total, backward
+        """,
+        "biased_sum",
+        lambda: ([[], r(2)], {}),
+    ),
+    Case(
+        "tuple_param_and_element_metadata",
+        """
+        import torch
+
+        def lengths_weighted(parts: tuple[torch.Tensor, ...], w: torch.Tensor):
+            n = [p.shape[0] for p in parts]
+            out = torch.cat([p * w for p in parts])
+            def backward(g):
+                pieces = g.split(n)
+                return (
+                    tuple(q * w for q in pieces),
+                    sum((q * p).sum(0) for q, p in zip(pieces, parts)),
+                )
+            return out, backward
+        """,
+        "lengths_weighted",
+        lambda: ([(r(1, 2), r(2, 2)), r(2)], {}),
+    ),
+    Case(
+        "split_output",
+        """
+        import torch
+
+        def halves(x: torch.Tensor):
+            pieces = torch.split(x * 3.0, 2)
+            def backward(grads):
+                return 3.0 * torch.cat(grads)
+            return pieces, backward
+        """,
+        "halves",
+        lambda: ([r(6, 2)], {}),
+        used=(0, 2),
+    ),
+    Case(
+        "unbind_and_tensor_outputs",
+        """
+        import torch
+
+        def rows_and_total(x: torch.Tensor):
+            rows = torch.exp(x).unbind(0)
+            total = x.sum()
+            def backward(grad_rows, grad_total):
+                return torch.stack(grad_rows) * torch.exp(x) + grad_total
+            return (rows, total), backward
+        """,
+        "rows_and_total",
+        lambda: ([r(3, 2)], {}),
+        used=(1, 3),
+    ),
+    Case(
+        "chunk_list_output",
+        """
+        import torch
+
+        def chunks(x: torch.Tensor):
+            parts = list(torch.sin(x).chunk(3))
+            def backward(grads):
+                return torch.cat(grads) * torch.cos(x)
+            return parts, backward
+        """,
+        "chunks",
+        lambda: ([r(6)], {}),
+        used=(1,),
+    ),
+    Case(
+        "meshgrid_output",
+        """
+        import torch
+
+        def grid(a: torch.Tensor, b: torch.Tensor):
+            ga, gb = torch.meshgrid(a * 2.0, b, indexing="ij")
+            def backward(grads):
+                return grads[0].sum(1) * 2.0, grads[1].sum(0)
+            return torch.meshgrid(a * 2.0, b, indexing="ij"), backward
+        """,
+        "grid",
+        lambda: ([r(3), r(2)], {}),
+    ),
+    Case(
+        "int_list_and_bool_from_torch_calls",
+        """
+        import torch
+
+        def _use_batch_stats(training: bool, x):
+            return training and x.dim() > 1
+
+        def norm_like(x: torch.Tensor, training: bool = True):
+            size = x.size()
+            batch = _use_batch_stats(torch.is_grad_enabled() or training, x)
+            mean = x.mean(0, keepdim=True) if batch else x.mean()
+            out = (x - mean).expand(2, *size)
+            def backward(g):
+                gs = g.sum(0)
+                if batch:
+                    return gs - gs.mean(0, keepdim=True), None
+                return gs - gs.mean(), None
+            return out, backward
+        """,
+        "norm_like",
+        lambda: ([r(3, 2)], {}),
+    ),
+    Case(
+        "bernoulli_mask_built_in_forward",
+        """
+        import torch
+
+        def masked_square(x: torch.Tensor, p: float = 0.5):
+            mask = torch.empty_like(x)
+            mask.bernoulli_(1 - p)
+            y = x * mask
+            def backward(g):
+                return 2 * g * y * mask, None
+            return y * y, backward
+        """,
+        "masked_square",
+        lambda: ([r(5)], {}),
+        random=True,
+    ),
+    Case(
+        "buffer_filled_with_index_put",
+        """
+        import torch
+
+        def scatter_scale(x: torch.Tensor, w: torch.Tensor):
+            buf = torch.zeros(4, dtype=x.dtype)
+            buf.index_put_((torch.tensor([0, 2]),), torch.tensor([1.0, 3.0], dtype=x.dtype))
+            gains = torch.zeros(4, dtype=x.dtype)
+            gains.index_put_((torch.tensor([1, 3]),), w)
+            y = x * buf + x * gains
+            def backward(g):
+                return g * (buf + gains), (g * x)[torch.tensor([1, 3])]
+            return y * 1.0, backward
+        """,
+        "scatter_scale",
+        lambda: ([r(4), r(2)], {}),
+        generated=("gains = gains.index_put(",),
+    ),
+    Case(
+        "inplace_on_differentiable_temporary",
+        """
+        import torch
+        import torch.nn.functional as F
+
+        def clipped(x: torch.Tensor):
+            t = x * 2
+            t.clamp_(min=0)
+            u = x * 3.0
+            torch.relu_(u)
+            v = F.relu(x - 0.5, inplace=True)
+            def backward(grad):
+                return grad * (2 * (t > 0) + 3 * (u > 0) + (v > 0))
+            return t + u + v, backward
+        """,
+        "clipped",
+        lambda: ([r(6)], {}),
+        generated=("t = t.clamp(min=0)", "u = torch.relu(u)"),
+    ),
+    Case(
+        "flat_multi_output_return",
+        """
+        import torch
+
+        def sin_cos(x: torch.Tensor):
+            s = torch.sin(x)
+            c = torch.cos(x)
+            def backward(grad_s, grad_c):
+                return grad_s * c - grad_c * s
+            return s, c, backward
+        """,
+        "sin_cos",
+        lambda: ([r(4)], {}),
+        used=(1,),
+    ),
+    Case(
+        "mangled_names",
+        """
+        import torch
+
+        def __gain(x):
+            return torch.tanh(x) * 0.5 + 1.0
+
+        def __interpolate(x: torch.Tensor, scale: float):
+            g = __gain(x)
+            y = x * g * scale
+            def backward(grad):
+                dg = 0.5 * (1 - torch.tanh(x) ** 2)
+                return grad * scale * (g + x * dg), None
+            return y, backward
+        """,
+        "__interpolate",
+        lambda: ([r(3), 2.0], {}),
+    ),
+    Case(
+        "tensor_or_number_parameter",
+        """
+        import torch
+
+        def scaled(x: torch.Tensor, s: torch.Tensor | float):
+            y = x * s
+            def backward(g):
+                return g * s, (g * x).sum() if isinstance(s, torch.Tensor) else None
+            return y, backward
+        """,
+        "scaled",
+        lambda: ([r(3), r()], {}),
+    ),
+    Case(
+        "helper_of_unknown_kind_captured",
+        """
+        import torch
+
+        def _maybe(x, flag):
+            if flag:
+                return x.detach() * 2
+            return 2.0
+
+        def scale_by(x: torch.Tensor, flag: bool = True):
+            k = _maybe(x, flag)
+            def backward(g):
+                return g * k, None
+            return x * k, backward
+        """,
+        "scale_by",
+        lambda: ([r(3)], {}),
+        gradcheck=False,
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, tuple[dict[str, Any], dict[str, Any], str]]:
+    return {case.name: load(_dedented(case)) for case in CASES}
+
+
+def _dedented(case: Case) -> Case:
+    case.source = textwrap.dedent(case.source).lstrip()
+    return case
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_op_matches_autograd_of_the_closure_forward(case: Case, loaded) -> None:
+    closure, generated, text = loaded[case.name]
+    for snippet in case.generated:
+        assert snippet in text, snippet
+    reference = closure_forward(closure[case.function])
+    op = generated[case.function]
+    for order in case.orders:
+        want_out, want = grads(reference, case, order)
+        got_out, got = grads(op, case, order)
+        assert len(got_out) == len(want_out)
+        for a, b in zip(got_out, want_out, strict=True):
+            torch.testing.assert_close(a, b, msg=f"{case.name}: outputs")
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            torch.testing.assert_close(
+                a, b, msg=lambda m, i=i, k=order: f"{case.name}: order {k}, input {i}: {m}"
+            )
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.gradcheck and not c.random], ids=lambda c: c.name
+)
+def test_gradcheck_and_gradgradcheck(case: Case, loaded) -> None:
+    _, generated, _ = loaded[case.name]
+    op = generated[case.function]
+    torch.manual_seed(0)
+    args, kwargs = case.inputs()
+    flat = tensors_of(args) + tensors_of(kwargs)
+    if not flat:
+        pytest.skip("no tensor input")
+
+    def rebuilt(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        it = iter(tensors)
+
+        def swap(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return next(it)
+            if isinstance(value, (list, tuple)):
+                return type(value)(swap(v) for v in value)
+            return value
+
+        return tuple(tensors_of(op(*swap(args), **swap(kwargs))))
+
+    assert torch.autograd.gradcheck(rebuilt, flat)
+    assert torch.autograd.gradgradcheck(rebuilt, flat)
+
+
+def test_list_outputs_keep_their_type(loaded) -> None:
+    generated = loaded["split_output"][1]
+    x = torch.randn(6, 2, dtype=F64)
+    assert type(generated["halves"](x)) is tuple
+    assert type(loaded["chunk_list_output"][1]["chunks"](torch.randn(6))) is list
+    rows, total = loaded["unbind_and_tensor_outputs"][1]["rows_and_total"](x[:3])
+    assert type(rows) is tuple and len(rows) == 3 and total.dim() == 0
+
+
+def test_list_parameter_flattens_into_function_inputs(loaded) -> None:
+    """The Function sees each element: every one gets its gradient."""
+    generated = loaded["cat_scale"][1]
+    xs = [r(2, 3), r(1, 3)]
+    out = generated["cat_scale"](xs, 2.0)
+    out.sum().backward()
+    assert all(torch.equal(x.grad, torch.full_like(x, 2.0)) for x in xs)
