@@ -39,6 +39,7 @@ CODES: dict[str, str] = {
     "S2S121": "a value backward recomputes depends on random numbers",
     "S2S122": "unknown pragma or pragma value",
     "S2S123": "in-place change of a differentiable tensor that cannot be rewritten",
+    "S2S124": "an output of unknown kind",
 }
 
 

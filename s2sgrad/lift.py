@@ -18,11 +18,13 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound, dotted
+from s2sgrad.cst import bound, code, dotted
+from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.model import Capture, Differentiator, Use
+from s2sgrad.lines import line_text, split_lines
 from s2sgrad.names import NameAllocator
 from s2sgrad.options import Options
-from s2sgrad.values import UNKNOWN, ModuleFacts, Value, forward_values
+from s2sgrad.values import OTHER, SEQ, UNKNOWN, ModuleFacts, Value, forward_values
 
 Kind = Literal["input", "output", "temporary", "constant", "metadata"]
 #: How the autograd Function keeps a value for backward: `tensor` (a tensor or None:
@@ -190,6 +192,46 @@ def lift(
         results=results,
         outputs=outputs,
     )
+
+
+def check_outputs(
+    diff: Differentiator, facts: ModuleFacts | None, path: str, source: str
+) -> list[Diagnostic]:
+    """Reject an output whose kind cannot be proven (S2S124).
+
+    The Function must know, when it is generated, whether an output is a tensor (one
+    output to autograd) or a list of tensors (flattened into its elements): guessing
+    wrong would lose the gradient silently.
+    """
+    evaluator = forward_values(diff, facts)
+    final = diff.forward.body.body[-1]
+    line = diff.statement_lines.get(final, diff.last_line)
+    text = line_text(split_lines(source), line)
+    found = []
+    for node in diff.outputs:
+        value = evaluator.expr(node)
+        # A tensor, maybe None or a number where it does not depend on the inputs, is
+        # one output; a list of tensors is flattened; anything else may be either.
+        if value.tensor_list or not (value.kinds & {SEQ, OTHER}):
+            continue
+        if not value.holds_tensor:
+            continue
+        shown = code(node)
+        column = text.find(shown) + 1 or len(text) - len(text.lstrip()) + 1
+        found.append(
+            Diagnostic(
+                "S2S124",
+                f"cannot tell whether the output `{shown}` is a tensor or a list of "
+                "tensors",
+                path,
+                line,
+                column,
+                text,
+                "bind it to a name with an annotation first "
+                "(`out: torch.Tensor = ...` or `outs: list[torch.Tensor] = ...`)",
+            )
+        )
+    return found
 
 
 def result_names(diff: Differentiator, names: NameAllocator) -> tuple[str, ...]:

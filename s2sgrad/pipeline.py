@@ -13,7 +13,7 @@ from s2sgrad.frontend import ParsedModule, parse
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.header import Origin
 from s2sgrad.inplace import out_of_place
-from s2sgrad.lift import Lifted, lift
+from s2sgrad.lift import Lifted, check_outputs, lift
 from s2sgrad.options import Options
 from s2sgrad.values import ModuleFacts
 
@@ -48,7 +48,7 @@ def analyse(
             ]
         )
     siblings, facts = module_facts(parsed)
-    diffs = _out_of_place(parsed, facts, origin.display_path)
+    diffs = _judge_forward(parsed, facts, origin.display_path)
     lifted = [
         differentiate(
             lift(d, options, facts),
@@ -71,13 +71,15 @@ def has_differentiators(source: str, path: str) -> bool:
         return True
 
 
-def _out_of_place(
+def _judge_forward(
     parsed: ParsedModule, facts: ModuleFacts, path: str
 ) -> list[Differentiator]:
-    """Rewrite forward's in-place writes; report every rejected one of the module."""
+    """Check what forward's values are: outputs of a known kind, in-place writes that
+    can be kept or rewritten (which are); report every problem of the module."""
     found: list[Diagnostic] = []
     diffs = []
     for diff in parsed.differentiators:
+        found += check_outputs(diff, facts, path, parsed.source)
         try:
             diffs.append(out_of_place(diff, facts, path, parsed.source))
         except TransformError as exc:

@@ -204,7 +204,10 @@ def annotation_value(node: cst.BaseExpression) -> Value:
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
         return annotation_value(node.left).join(annotation_value(node.right))
     if isinstance(node, (cst.Name, cst.Attribute)):
-        return _ANNOTATION_NAMES.get(_last(node), UNKNOWN)
+        name = _last(node)
+        if name in _SEQUENCES:  # a bare `list`, `Sequence`
+            return seq(UNKNOWN, _SEQUENCES[name])
+        return _ANNOTATION_NAMES.get(name, UNKNOWN)
     if isinstance(node, cst.Subscript):
         head = _last(node.value)
         args = [e.slice.value for e in node.slice if isinstance(e.slice, cst.Index)]
@@ -382,6 +385,14 @@ _NUMBER_METHODS = frozenset(
     if not name.startswith("_")
 )
 
+#: The methods of Python's lists, tuples, dicts and sets.
+_CONTAINER_METHODS = frozenset(
+    name
+    for kind in (list, tuple, dict, set)
+    for name in dir(kind)
+    if not name.startswith("_")
+)
+
 #: List and dict methods that change their object, and where the new items are.
 _ADDS_ITEM = {"append": 0, "insert": 1, "setdefault": 1}
 _ADDS_ITEMS = {"extend": 0, "update": 0}
@@ -554,6 +565,12 @@ class Evaluator:
     def _BinaryOperation(self, node: cst.BinaryOperation) -> Value:
         left, right = self.expr(node.left), self.expr(node.right)
         diff = left.diff or right.diff
+        if left.tensor is True or right.tensor is True:
+            # With a tensor on either side, torch computes the result (or raises).
+            nograd = isinstance(
+                node.operator, (cst.FloorDivide, cst.BitAnd, cst.BitOr, cst.BitXor)
+            )
+            return Value(frozenset({TENSOR}), diff and not nograd)
         out = BOTTOM
         if TENSOR in left.kinds or TENSOR in right.kinds:
             nograd = isinstance(
@@ -737,10 +754,20 @@ class Evaluator:
         if name in ("min", "max", "sum", "abs", "round", "pow"):
             if all(a.kinds <= {NUMBER} for a in args):
                 return SCALAR
-            if len(args) == 1 and name in ("min", "max", "sum"):
+            if name in ("abs", "round"):
+                return first  # `abs(t)`, `round(t)`: a tensor for a tensor
+            if name == "sum":
+                # `sum(items, start)` adds the items to `start` (0 by default).
                 element = self.iterated(first)
-                return element.join(SCALAR) if name == "sum" else element
-            return _join_all(args).join(top(diff)) if name != "abs" else first
+                if len(args) > 1 and (element.tensor is True or args[1].tensor is True):
+                    return Value(frozenset({TENSOR}), element.diff or args[1].diff)
+                if element.tensor is True:  # 0 for no items
+                    return Value(frozenset({TENSOR, NUMBER}), element.diff)
+                return element.join(args[1] if len(args) > 1 else SCALAR)
+            if name in ("min", "max") and len(args) == 1:
+                return self.iterated(first)
+            if name in ("min", "max"):
+                return _join_all(args)
         return top(diff)
 
     def _signature_args(
@@ -806,10 +833,11 @@ class Evaluator:
     ) -> Value:
         diff = receiver.diff or any(a.diff for a in args)
         out = BOTTOM
+        tensor_method = name in opfacts.table.TENSOR_METHODS
         if TENSOR in receiver.kinds:
             tensor = Value(frozenset({TENSOR}), receiver.diff)
             out = out.join(self._torch(f"torch.Tensor.{name}", node, args, tensor))
-        if SEQ in receiver.kinds:
+        if SEQ in receiver.kinds and name in _CONTAINER_METHODS:
             if name in ("copy",):
                 out = out.join(receiver)
             elif name in ("pop", "get"):
@@ -820,11 +848,14 @@ class Evaluator:
                 out = out.join(seq(top(diff)))
             else:
                 out = out.join(NONE_VALUE if name in CONTAINER_MUTATORS else top(diff))
-        # None has no methods, and a number only a few: calling another one raises,
-        # so only the other kinds can give a result.
+        # None has no methods, a number and a container only a few: calling another
+        # one raises, so only the other kinds can give a result. An object of unknown
+        # kind that is called with a tensor method is taken for a tensor.
         others = receiver.kinds - {TENSOR, SEQ, NONE}
         if name not in _NUMBER_METHODS:
             others -= {NUMBER}
+        if tensor_method and TENSOR in receiver.kinds:
+            others -= {OTHER}
         if others:
             out = out.join(top(diff))
         return out

@@ -757,28 +757,28 @@ def ge(x, other):
     return out, backward
 
 
-def and_(x, other):
+def and_(x: torch.Tensor, other: torch.Tensor | bool):
     out = x & other
     def backward(grad):
         return None, None
     return out, backward
 
 
-def or_(x, other):
+def or_(x: torch.Tensor, other: torch.Tensor | bool):
     out = x | other
     def backward(grad):
         return None, None
     return out, backward
 
 
-def xor(x, other):
+def xor(x: torch.Tensor, other: torch.Tensor | bool):
     out = x ^ other
     def backward(grad):
         return None, None
     return out, backward
 
 
-def invert(x):
+def invert(x: torch.Tensor):
     out = ~x
     def backward(grad):
         return None
