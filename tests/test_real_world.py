@@ -569,3 +569,26 @@ def test_list_parameter_flattens_into_function_inputs(loaded) -> None:
     out = generated["cat_scale"](xs, 2.0)
     out.sum().backward()
     assert all(torch.equal(x.grad, torch.full_like(x, 2.0)) for x in xs)
+
+
+FORM_FEEDS = (
+    "import torch\n"
+    "\f\n"
+    "# Page two: a form feed above, and one inside this line \f here.\n"
+    "def scaled(x: torch.Tensor):\n"
+    "    t = x * 2.0\n"
+    "    u = torch.sin(t)\n"
+    "    def backward(grad):\n"
+    "        return grad * 2.0 * torch.cos(t) * (1.0 + 0.0 * u)\n"
+    "    return u * 1.0, backward\n"
+)
+
+
+def test_line_numbers_stay_right_after_form_feeds() -> None:
+    """Python counts lines at \\n only; `str.splitlines` also breaks at form feeds."""
+    text = transform(FORM_FEEDS, "ff.py", policy="promote")
+    lines = FORM_FEEDS.split("\n")
+    for number, statement in re.findall(r"# line (\d+): (.*)", text):
+        assert lines[int(number) - 1].strip() == statement
+    assert re.search(r"# line 6: u = torch\.sin\(t\)", text)
+    assert "Lifted from ff.py:4-9." in text
