@@ -19,15 +19,18 @@ import libcst.matchers as m
 from s2sgrad import opfacts
 from s2sgrad.autodiff.program import Assign, Branch, Program, Step, Version, build
 from s2sgrad.autodiff.registry import builtin_registry
+from s2sgrad.autodiff.shapes import shape_facts
+from s2sgrad.autodiff.simplify import simplify
 from s2sgrad.autodiff.vjp import (
     ACCUMULATE,
     Generator,
     NoRule,
     Sibling,
+    callee_name,
     placeholder_version,
     slice_of,
 )
-from s2sgrad.cst import as_expression, as_statement, bound, code, dotted
+from s2sgrad.cst import as_expression, as_statement, bound, code
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import (
     METADATA_ATTRIBUTES,
@@ -111,10 +114,10 @@ class _Resolve(cst.CSTTransformer):
             if name is not None and original_node.args:
                 index = original_node.args[0].value
                 return cst.Subscript(
-                    cst.Name(name), [cst.SubscriptElement(cst.Index(index))]
+                    _read(name), [cst.SubscriptElement(cst.Index(index))]
                 )
             if name is not None:
-                return cst.Name(name)
+                return _read(name)
         return updated_node
 
     def leave_Attribute(
@@ -125,7 +128,7 @@ class _Resolve(cst.CSTTransformer):
                 original_node.value, METADATA_ATTRIBUTES[original_node.attr.value]
             )
             if name is not None:
-                return cst.Name(name)
+                return _read(name)
         return updated_node
 
     def leave_Name(
@@ -156,6 +159,26 @@ class _Context:
     aliased: set[str] = field(default_factory=set)
 
 
+class _Swap(cst.CSTTransformer):
+    """Replace names read by expressions."""
+
+    def __init__(self, swaps: Mapping[str, cst.BaseExpression]) -> None:
+        self.swaps = swaps
+
+    def leave_Name(
+        self, original_node: cst.Name, updated_node: cst.Name
+    ) -> cst.BaseExpression:
+        return self.swaps.get(updated_node.value, updated_node)
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        return updated_node.with_changes(attr=original_node.attr)  # `o.x` is no read
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+
 class Planner:
     """Plan gradients for one lifted differentiator."""
 
@@ -176,9 +199,10 @@ class Planner:
         self.policy = self.diff.pragmas.get("policy", options.policy)
         self.source = split_lines(source)
         self.program: Program = build(self.diff, self.diff.statement_lines, self.facts)
+        self.shapes = shape_facts(self.program, self.diff.qualified_names)
         self.at_end = self.program.at_end()
         self.by_id = {v.id: v for v in self.program.versions}
-        self.backward_locals = _backward_locals(self.diff)
+        self.backward_locals = _backward_locals(self.diff, self.lifted.backward_body)
         self.rebound = rebound_names(self.diff)
 
     def plan(self) -> Lifted:
@@ -236,6 +260,7 @@ class Planner:
         accumulators = {
             self.program.params[p.name].id: results[i]
             for i, p in enumerate(self.diff.params)
+            if results[i] != "None"
         }
         for temp in temps:
             accumulators[self.program.final[temp.source].id] = names.fresh(
@@ -250,6 +275,7 @@ class Planner:
             self.source,
             self.siblings,
             self.facts,
+            self.shapes,
         )
         if not temps:
             return _Attempt(generator, set(), [])
@@ -304,6 +330,7 @@ class Planner:
             if saved.kind not in ("metadata",) and saved.source in self.program.final:
                 ctx.versions[saved.name] = self.program.final[saved.source].id
         value_names, meta_names = self._resolve(attempt, ctx, names)
+        backward_body = self._metadata_off_saved(ctx)
         blocks = [
             as_statement(b.visit(_Resolve(value_names, meta_names)))
             for b in attempt.blocks
@@ -328,32 +355,59 @@ class Planner:
                 incoming_list.append((saved.name, accumulator))
         incoming = tuple(incoming_list)
         plan = self._recompute(recompute, entries, ctx, names)
+        fixed = set(results) | {k for _, k in incoming}
+        starting = set(attempt.generator.accumulators.values()) - fixed
+        blocks = simplify(blocks, starting)
         used = {
             n.value
             for b in blocks
             for n in m.findall(b, m.Name())
             if isinstance(n, cst.Name)
         }
-        fixed = set(results) | {k for _, k in incoming}
-        inits = tuple(
-            sorted(
-                name
-                for name in attempt.generator.accumulators.values()
-                if name in used and name not in fixed
-            )
-        )
+        inits = tuple(sorted(name for name in starting if name in used))
         gradients = Gradients(incoming, tuple(results), tuple(blocks), inits, plan)
-        forward = _with_snapshots(
-            self.diff.statements, ctx, self.program, attempt.generator.hoists
+        # A sub-expression named for its shape alone is not needed once that shape is
+        # read off a saved tensor of the same shape.
+        kept = (
+            used | {s.source for s in ctx.entries} | {s.expression for s in ctx.entries}
         )
+        hoists = {
+            key: [(name, node) for name, node in lines if name in kept]
+            for key, lines in attempt.generator.hoists.items()
+        }
+        forward = _with_snapshots(self.diff.statements, ctx, self.program, hoists)
         return replace(
             self.lifted,
             context=in_context_order(entries),
             forward_statements=tuple(forward),
+            backward_body=backward_body,
             gradients=gradients,
             once_differentiable=False,
             taken=frozenset(names.taken),
         )
+
+    def _metadata_off_saved(self, ctx: _Context) -> cst.BaseSuite:
+        """The closure's body, with the metadata it reads (`x.shape`, kept as `x_shape`)
+        read off the tensor itself where the generated VJP code saves that tensor."""
+        held = {
+            s.source
+            for s in ctx.entries
+            if s.storage == "tensor"
+            and s.name == s.source
+            and ctx.versions.get(s.name) in self.at_end
+        }
+        swaps: dict[str, cst.BaseExpression] = {}
+        for saved in list(ctx.entries):
+            if saved.kind == "metadata" and saved.source in held:
+                if saved in self.lifted.context:
+                    swaps[saved.name] = cst.parse_expression(saved.expression)
+                    ctx.entries.remove(saved)
+        body = self.lifted.backward_body
+        if not swaps:
+            return body
+        swapped = body.visit(_Swap(swaps))
+        assert isinstance(swapped, cst.BaseSuite)
+        return swapped
 
     def _resolve(
         self, attempt: _Attempt, ctx: _Context, names: NameAllocator
@@ -364,6 +418,15 @@ class Planner:
             kinds.setdefault(version_id, set()).add(kind)
         values: dict[int, str] = {}
         metadata: dict[tuple[int, str], str] = {}
+        for version_id, wanted in list(kinds.items()):
+            # Shapes of a value in the class of a saved tensor are read off it.
+            for kind in sorted(k for k in wanted if k in _SHAPELIKE):
+                found = self._same_shape(self.by_id[version_id], ctx, kind, kinds)
+                if found is not None:
+                    metadata[(version_id, kind)] = found
+                    wanted.discard(kind)
+            if not wanted:
+                del kinds[version_id]
         for version_id, wanted in kinds.items():
             version = self.by_id[version_id]
             source = version.name
@@ -400,6 +463,30 @@ class Planner:
                     source, kind, ctx, names
                 )
         return values, metadata
+
+    def _same_shape(
+        self,
+        version: Version,
+        ctx: _Context,
+        kind: str,
+        reads: dict[int, set[str | None]],
+    ) -> str | None:
+        """`t.shape` of a tensor backward has anyway, with `version`'s shape."""
+        wanted = self.shapes.of(version)
+        held = [
+            (saved.name, self.by_id[ctx.versions[saved.name]])
+            for saved in ctx.entries
+            if saved.storage == "tensor" and saved.name in ctx.versions
+        ]
+        held += [
+            (self.by_id[v].name, self.by_id[v])
+            for v, kinds in reads.items()
+            if None in kinds and v in self.at_end and self.by_id[v].value.tensor
+        ]
+        for name, other in held:
+            if self.shapes.of(other) == wanted and other.id in self.at_end:
+                return METADATA_CODE[kind].format(name)
+        return None
 
     def _value_entry(
         self, version: Version, source: str, ctx: _Context, names: NameAllocator
@@ -520,7 +607,7 @@ class Planner:
         for statement in lines:
             for call in m.findall(statement, m.Call()):
                 assert isinstance(call, cst.Call)
-                name = _callee(self.diff, call)
+                name = callee_name(self.diff, call)
                 if name is None or not opfacts.is_random(name):
                     continue
                 line = self.diff.statement_lines.get(statement, self.diff.first_line)
@@ -550,15 +637,13 @@ class Planner:
                 )
 
 
-def _callee(diff: Differentiator, call: cst.Call) -> str | None:
-    """The op a call runs: a torch function by name, or a tensor method."""
-    func = call.func
-    qualified = diff.qualified_names.get(func) if dotted(func) else None
-    if qualified is not None and qualified.startswith("torch."):
-        return qualified
-    if isinstance(func, cst.Attribute):
-        return f"torch.Tensor.{func.attr.value}"
-    return None
+#: Metadata that two tensors of one shape class share (dtype and device may differ).
+_SHAPELIKE = frozenset({"shape", "dim", "numel"})
+
+
+def _read(text: str) -> cst.BaseExpression:
+    """A name, or `t.shape`, as an expression."""
+    return cst.Name(text) if text.isidentifier() else cst.parse_expression(text)
 
 
 def _ordinal(program: Program, version: Version) -> int:
@@ -689,9 +774,8 @@ def _replay(
     return [statements[i] for i in sorted(kept)], order
 
 
-def _backward_locals(diff: Differentiator) -> set[str]:
-    backward = diff.backward
-    return {p.name.value for p in backward.params.params} | bound(backward.body)
+def _backward_locals(diff: Differentiator, body: cst.BaseSuite) -> set[str]:
+    return {p.name.value for p in diff.backward.params.params} | bound(body)
 
 
 def sibling_of(diff: Differentiator, result: Value = UNKNOWN) -> Sibling:

@@ -21,7 +21,8 @@ from s2sgrad import opfacts
 from s2sgrad.autodiff.inline import inline, parenthesize, rule_reads
 from s2sgrad.autodiff.program import Assign, Branch, Opaque, Program, Step, Version
 from s2sgrad.autodiff.registry import Registry, Rule
-from s2sgrad.cst import NameRewriter, as_compound_or_line, as_expression, dotted
+from s2sgrad.autodiff.shapes import ShapeFacts, class_of
+from s2sgrad.cst import NameRewriter, as_expression, dotted
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.names import NameAllocator
 from s2sgrad.values import SEQ, UNKNOWN, Evaluator, ModuleFacts, Value
@@ -148,9 +149,11 @@ class Generator:
         source: list[str],
         siblings: Mapping[str, Sibling] | None = None,
         facts: ModuleFacts | None = None,
+        shapes: ShapeFacts | None = None,
     ) -> None:
         self.siblings = siblings or {}
-        self.facts = facts or ModuleFacts()
+        self.module = facts or ModuleFacts()
+        self.facts = shapes
         self.diff = diff
         self.program = program
         self.registry = registry
@@ -229,16 +232,17 @@ class Generator:
             if 0 < step.line <= len(self.source)
             else ""
         )
-        comment = cst.EmptyLine(comment=cst.Comment(f"# line {step.line}: {text}"))
-        first = as_compound_or_line(body[0])
-        body[0] = first.with_changes(leading_lines=[comment, *first.leading_lines])
+        comment = cst.TrailingWhitespace(
+            whitespace=cst.SimpleWhitespace("  "),
+            comment=cst.Comment(f"# line {step.line}: {text}"),
+        )
         test = cst.parse_expression(f"{acc.value} is not None")
-        return [cst.If(test=test, body=cst.IndentedBlock(body))]
+        return [cst.If(test=test, body=cst.IndentedBlock(body, header=comment))]
 
     # -- expressions -----------------------------------------------------------------
     def value(self, node: cst.BaseExpression, env: Mapping[str, Version]) -> Value:
         return Evaluator(
-            self.diff.qualified_names, {n: v.value for n, v in env.items()}, self.facts
+            self.diff.qualified_names, {n: v.value for n, v in env.items()}, self.module
         ).expr(node)
 
     def expr(
@@ -279,12 +283,49 @@ class Generator:
         converted = {p: as_expression(a.visit(ph)) for p, a in args.items()}
         result = inline(rule, converted, grad, out, wanted, self.names, args)
         body += result.statements
+        pointwise = self._pointwise(node)
         for i in sorted(wanted):
             entry = result.entries[i]
             assert entry is not None
-            self.operand(
-                args[rule.params[i]], entry, env, body, line, rule.name.rstrip("_")
-            )
+            arg = args[rule.params[i]]
+            if pointwise:
+                entry = self._unbroadcast(node, arg, entry, env)
+            self.operand(arg, entry, env, body, line, rule.name.rstrip("_"))
+
+    def _pointwise(self, node: cst.BaseExpression) -> bool:
+        """Whether the op broadcasts its operands to its result, elementwise."""
+        if isinstance(node, (cst.BinaryOperation, cst.UnaryOperation)):
+            return not isinstance(getattr(node, "operator", None), cst.MatrixMultiply)
+        if isinstance(node, cst.Call):
+            name = callee_name(self.diff, node)
+            return name is not None and opfacts.is_pointwise(name)
+        return False
+
+    def _unbroadcast(
+        self,
+        node: cst.BaseExpression,
+        arg: cst.BaseExpression,
+        entry: cst.BaseExpression,
+        env: Mapping[str, Version],
+    ) -> cst.BaseExpression:
+        """Drop `(e).sum_to_size(x.shape)` where the result has x's shape already."""
+        if self.facts is None or not isinstance(arg, cst.Name):
+            return entry
+        version = env.get(arg.value)
+        out = class_of(node, env, self.facts, self.diff.qualified_names)
+        if version is None or out is None or self.facts.of(version) != out:
+            return entry
+        target = m.Attribute(
+            value=m.Name(placeholder(version).value), attr=m.Name("shape")
+        )
+        pattern = m.Call(
+            func=m.Attribute(attr=m.Name("sum_to_size")), args=[m.Arg(value=target)]
+        )
+        if not m.matches(entry, pattern):
+            return entry
+        assert isinstance(entry, cst.Call) and isinstance(entry.func, cst.Attribute)
+        inner = entry.func.value
+        return inner.with_changes(lpar=[], rpar=[]) if inner.lpar else inner
 
     def operand(
         self,
@@ -349,6 +390,10 @@ class Generator:
         )
         self.extra.append(version)
         self.hoisted[arg] = version
+        if self.facts is not None:
+            found = class_of(arg, env, self.facts, self.diff.qualified_names)
+            if found is not None:
+                self.facts.classes[version.id] = found
         self.hoists.setdefault(id(step.statement), []).append((name, arg))
 
     def _expensive(self, node: cst.BaseExpression) -> bool:
@@ -584,3 +629,14 @@ def _bind(
                 )
             bound[name] = default
     return bound
+
+
+def callee_name(diff: Differentiator, call: cst.Call) -> str | None:
+    """The op a call runs: a torch function by name, or a tensor method."""
+    func = call.func
+    name = diff.qualified_names.get(func) if dotted(func) else None
+    if name is not None and name.startswith("torch."):
+        return name
+    if isinstance(func, cst.Attribute):
+        return f"torch.Tensor.{func.attr.value}"
+    return None

@@ -1,0 +1,375 @@
+"""Simplify generated reverse-mode code, as a careful engineer would write it.
+
+Takes the VJP blocks `plan.py` assembled (rules inlined, forward reads resolved) and the
+accumulators known to be None when they start; returns equivalent blocks. Each rewrite
+is small and tested on its own (tests/test_simplify.py), as tangent and black test
+their transforms:
+
+- `fold`: arithmetic on literals (`3 - 1` -> `2`), `e ** 1` and `--e`, boolean tests
+  settled by a literal (`x is None or True`), and the branches and conditional
+  expressions they decide;
+- `first_contributions`: `acc = _accumulate(acc, e)` where `acc` is still None is
+  `acc = e`;
+- `merge_repeats`: the same contribution added twice in a row is added once, doubled.
+
+Shape facts (no-op `sum_to_size`, shapes read off saved tensors) are applied where the
+facts are known, while the rules are inlined (`vjp.py`, `plan.py`).
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import warnings
+from collections.abc import Callable, Sequence
+
+import libcst as cst
+import libcst.matchers as m
+
+from s2sgrad.cst import as_expression, as_statement, statements
+
+ACCUMULATE = "_accumulate"
+
+
+def simplify(
+    blocks: Sequence[cst.BaseStatement], none: set[str]
+) -> list[cst.BaseStatement]:
+    """Apply every rewrite to the blocks; `none` are the accumulators still None."""
+    folded = [s for block in blocks for s in fold(block)]
+    return forward_copies(first_contributions(merge_repeats(folded), set(none)))
+
+
+# -- fold -----------------------------------------------------------------------------
+
+
+def fold(statement: cst.BaseStatement) -> list[cst.BaseStatement]:
+    """Fold constants and settled tests; a settled `if` becomes the branch taken."""
+    new = statement.visit(_Fold())
+    if isinstance(new, cst.FlattenSentinel):
+        return [as_statement(n) for n in new.nodes]
+    if isinstance(new, cst.RemovalSentinel):
+        return []
+    return [as_statement(new)]
+
+
+def _number(node: cst.BaseExpression) -> float | int | None:
+    """The value of a numeric literal (`2`, `-0.5`, `(1)`), or None."""
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return node.evaluated_value
+    if (
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, (cst.Integer, cst.Float))
+    ):
+        return -node.expression.evaluated_value
+    return None
+
+
+def _literal(value: float | int) -> cst.BaseExpression:
+    text = repr(value)
+    if value < 0:
+        return cst.UnaryOperation(cst.Minus(), _literal(-value))
+    return cst.Integer(text) if isinstance(value, int) else cst.Float(text)
+
+
+_ARITHMETIC: dict[type[cst.BaseBinaryOp], Callable[[float, float], float]] = {
+    cst.Add: operator.add,
+    cst.Subtract: operator.sub,
+    cst.Multiply: operator.mul,
+}
+
+
+def _truth(node: cst.BaseExpression) -> bool | None:
+    """Whether a test is settled: a literal, or an `or`/`and` a literal decides."""
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        return node.value == "True"
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+        inner = _truth(node.expression)
+        return None if inner is None else not inner
+    if isinstance(node, cst.BooleanOperation):
+        left, right = _truth(node.left), _truth(node.right)
+        if isinstance(node.operator, cst.Or):
+            if left is True or right is True:
+                return True
+            if left is False and right is False:
+                return False
+        else:
+            if left is False or right is False:
+                return False
+            if left is True and right is True:
+                return True
+        return None
+    return _compare(node)
+
+
+def _compare(node: cst.BaseExpression) -> bool | None:
+    """A comparison of literals (`None is None`, `1 == 1`)."""
+    if not isinstance(node, cst.Comparison):
+        return None
+    code = cst.Module([]).code_for_node(node)
+    try:
+        tree = ast.parse(code.strip(), mode="eval")
+    except SyntaxError:
+        return None
+    allowed = (
+        ast.Expression, ast.Constant, ast.Compare, ast.UnaryOp, ast.USub, ast.Is,
+        ast.IsNot, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Load,
+    )  # fmt: skip
+    if not all(isinstance(n, allowed) for n in ast.walk(tree)):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)  # `1 is None` is what we fold
+        return bool(
+            eval(compile(tree, "<test>", "eval"), {"__builtins__": {}}, {})
+        )  # noqa: S307
+
+
+class _Fold(cst.CSTTransformer):
+    def leave_BinaryOperation(
+        self, original_node: cst.BinaryOperation, updated_node: cst.BinaryOperation
+    ) -> cst.BaseExpression:
+        left, right = _number(updated_node.left), _number(updated_node.right)
+        op = type(updated_node.operator)
+        if left is not None and right is not None and op in _ARITHMETIC:
+            folded = _ARITHMETIC[op](left, right)
+            if folded >= 0:
+                return _literal(folded)  # a plain literal needs no parentheses
+            return _keep_parens(updated_node, _literal(folded))
+        # `e ** 1` is `e`; `e * 1.0` is not dropped: it turns a mask into floats.
+        if (
+            op is cst.Power
+            and right == 1
+            and isinstance(updated_node.right, cst.Integer)
+        ):
+            return _keep_parens(updated_node, updated_node.left)
+        return updated_node
+
+    def leave_UnaryOperation(
+        self, original_node: cst.UnaryOperation, updated_node: cst.UnaryOperation
+    ) -> cst.BaseExpression:
+        inner = updated_node.expression
+        if (
+            isinstance(updated_node.operator, cst.Minus)
+            and isinstance(inner, cst.UnaryOperation)
+            and isinstance(inner.operator, cst.Minus)
+        ):
+            return _keep_parens(updated_node, inner.expression)
+        return updated_node
+
+    def leave_BooleanOperation(
+        self, original_node: cst.BooleanOperation, updated_node: cst.BooleanOperation
+    ) -> cst.BaseExpression:
+        truth = _truth(updated_node)
+        if truth is None:
+            return updated_node
+        return cst.Name("True" if truth else "False")
+
+    def leave_IfExp(
+        self, original_node: cst.IfExp, updated_node: cst.IfExp
+    ) -> cst.BaseExpression:
+        truth = _truth(updated_node.test)
+        if truth is None:
+            return updated_node
+        kept = updated_node.body if truth else updated_node.orelse
+        return _keep_parens(updated_node, kept)
+
+    def leave_If(
+        self, original_node: cst.If, updated_node: cst.If
+    ) -> (
+        cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement] | cst.RemovalSentinel
+    ):
+        truth = _truth(updated_node.test)
+        if truth is None:
+            return updated_node
+        if truth:
+            return cst.FlattenSentinel(statements(updated_node.body))
+        orelse = updated_node.orelse
+        if orelse is None:
+            return cst.RemovalSentinel.REMOVE
+        if isinstance(orelse, cst.If):
+            return orelse
+        return cst.FlattenSentinel(statements(orelse.body))
+
+
+def _keep_parens(
+    outer: cst.BaseExpression, inner: cst.BaseExpression
+) -> cst.BaseExpression:
+    """`inner` in `outer`'s place: parenthesized when `outer` was, or when needed."""
+    if outer.lpar and not inner.lpar:
+        return inner.with_changes(lpar=outer.lpar, rpar=outer.rpar)
+    if isinstance(inner, (cst.BinaryOperation, cst.IfExp, cst.BooleanOperation)):
+        if not inner.lpar:
+            return inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return inner
+
+
+# -- first contributions --------------------------------------------------------------
+
+_ADD = m.SimpleStatementLine(
+    body=[
+        m.Assign(
+            targets=[m.AssignTarget(m.Name())],
+            value=m.Call(func=m.Name(ACCUMULATE), args=[m.Arg(m.Name()), m.Arg()]),
+        )
+    ]
+)
+
+
+def _contribution(
+    statement: cst.BaseStatement,
+) -> tuple[str, cst.BaseExpression] | None:
+    """(acc, e) of `acc = _accumulate(acc, e)`, or None."""
+    if not m.matches(statement, _ADD):
+        return None
+    assert isinstance(statement, cst.SimpleStatementLine)
+    assign = statement.body[0]
+    assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+    target = assign.targets[0].target
+    total = assign.value.args[0].value
+    assert isinstance(target, cst.Name) and isinstance(total, cst.Name)
+    if target.value != total.value:
+        return None
+    return target.value, assign.value.args[1].value
+
+
+def first_contributions(
+    body: Sequence[cst.BaseStatement], none: set[str]
+) -> list[cst.BaseStatement]:
+    """`acc = _accumulate(acc, e)` is `acc = e` where `acc` is still None there.
+
+    Walks straight-line code in order; inside a block, an accumulator that is None on
+    entry is replaced at its first contribution; after the block it may or may not have
+    been set, so it is no longer known to be None.
+    """
+    out: list[cst.BaseStatement] = []
+    for statement in body:
+        found = _contribution(statement)
+        if found is not None and found[0] in none:
+            name, value = found
+            assert isinstance(statement, cst.SimpleStatementLine)
+            assign = cst.Assign([cst.AssignTarget(cst.Name(name))], value)
+            out.append(statement.with_changes(body=[assign]))
+            none.discard(name)
+            continue
+        if isinstance(statement, cst.If) and statement.orelse is None:
+            inner = first_contributions(statements(statement.body), set(none))
+            out.append(
+                statement.with_changes(body=statement.body.with_changes(body=inner))
+            )
+        else:
+            out.append(statement)
+        none -= _assigned(statement)
+    return out
+
+
+def _assigned(node: cst.CSTNode) -> set[str]:
+    names = set()
+    for target in m.findall(node, m.AssignTarget()):
+        assert isinstance(target, cst.AssignTarget)
+        for name in m.findall(target, m.Name()):
+            assert isinstance(name, cst.Name)
+            names.add(name.value)
+    return names
+
+
+# -- repeated contributions -----------------------------------------------------------
+
+
+def merge_repeats(body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """The same contribution added twice in a row (`x * x` sends the same gradient to
+    both operands) is added once, doubled."""
+    out: list[cst.BaseStatement] = []
+    code = cst.Module([]).code_for_node
+    for statement in body:
+        if isinstance(statement, cst.If) and statement.orelse is None:
+            inner = merge_repeats(statements(statement.body))
+            statement = statement.with_changes(
+                body=statement.body.with_changes(body=inner)
+            )
+        previous = _contribution(out[-1]) if out else None
+        found = _contribution(statement)
+        if (
+            previous is not None
+            and found is not None
+            and previous[0] == found[0]
+            and code(previous[1]) == code(found[1])
+        ):
+            doubled = cst.BinaryOperation(
+                cst.Float("2.0"), cst.Multiply(), _parenthesized(found[1])
+            )
+            last = out[-1]
+            assert isinstance(last, cst.SimpleStatementLine)
+            assign = last.body[0]
+            assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+            call = assign.value.with_changes(
+                args=[assign.value.args[0], cst.Arg(doubled)]
+            )
+            out[-1] = last.with_changes(body=[assign.with_changes(value=call)])
+            continue
+        out.append(statement)
+    return out
+
+
+def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
+    atoms = (cst.Name, cst.Call, cst.Attribute, cst.Subscript, cst.Integer, cst.Float)
+    if isinstance(node, atoms) or node.lpar:
+        return node
+    return as_expression(
+        node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    )
+
+
+# -- copies ---------------------------------------------------------------------------
+
+_COPY = m.SimpleStatementLine(
+    body=[m.Assign(targets=[m.AssignTarget(m.Name())], value=m.Name())]
+)
+
+
+def forward_copies(body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """`t = e` then `acc = t`, where nothing else reads `t`, is `acc = e`."""
+    reads: dict[str, int] = {}
+    for statement in body:
+        for name in m.findall(statement, m.Name()):
+            assert isinstance(name, cst.Name)
+            reads[name.value] = reads.get(name.value, 0) + 1
+    return _copies(body, reads)
+
+
+def _copies(
+    body: Sequence[cst.BaseStatement], reads: dict[str, int]
+) -> list[cst.BaseStatement]:
+    out: list[cst.BaseStatement] = []
+    for statement in body:
+        if isinstance(statement, cst.If) and statement.orelse is None:
+            inner = _copies(statements(statement.body), reads)
+            statement = statement.with_changes(
+                body=statement.body.with_changes(body=inner)
+            )
+        if (
+            out
+            and m.matches(statement, _COPY)
+            and m.matches(
+                out[-1],
+                m.SimpleStatementLine(
+                    body=[m.Assign(targets=[m.AssignTarget(m.Name())])]
+                ),
+            )
+        ):
+            assert isinstance(statement, cst.SimpleStatementLine)
+            copy = statement.body[0]
+            previous = out[-1]
+            assert isinstance(copy, cst.Assign) and isinstance(copy.value, cst.Name)
+            assert isinstance(previous, cst.SimpleStatementLine)
+            bound = previous.body[0]
+            assert isinstance(bound, cst.Assign)
+            target = bound.targets[0].target
+            assert isinstance(target, cst.Name)
+            # Read here, and written once: a temporary that only carries the value.
+            if target.value == copy.value.value and reads.get(target.value) == 2:
+                out[-1] = previous.with_changes(
+                    body=[bound.with_changes(targets=copy.targets)]
+                )
+                continue
+        out.append(statement)
+    return out
