@@ -177,10 +177,11 @@ def lift(
             saved = _classify(diff, capture, values, rebound)
             entries.append(((capture.uses[0].line, capture.uses[0].column), saved))
     context = in_context_order(s for _, s in sorted(entries, key=lambda e: e[0]))
+    _free_keywords(diff, names, replacements)
     body = diff.backward.body.visit(_Replace(replacements))
     assert isinstance(body, cst.BaseSuite)
     once = any(s.kind == "temporary" and not s.promoted for s in context)
-    results = result_names(diff, names)
+    results = result_names(diff, names, body)
     return Lifted(
         diff,
         context,
@@ -234,13 +235,34 @@ def check_outputs(
     return found
 
 
-def result_names(diff: Differentiator, names: NameAllocator) -> tuple[str, ...]:
+def _free_keywords(
+    diff: Differentiator,
+    names: NameAllocator,
+    replacements: dict[cst.CSTNode, cst.BaseExpression],
+) -> None:
+    """Keep `grad_<t>` free for the keyword parameter of each capture `t` that may be
+    promoted: a backward local of that name (the closure's own `grad_a = ...`) is
+    renamed, since the keyword is public and the local is not."""
+    for capture in diff.captures:
+        wanted = f"grad_{capture.name}"
+        nodes = diff.backward_locals.get(wanted)
+        if not nodes:
+            continue
+        renamed = cst.Name(names.fresh(wanted))
+        replacements.update(dict.fromkeys(nodes, renamed))
+        names.release(wanted)
+
+
+def result_names(
+    diff: Differentiator, names: NameAllocator, body: cst.BaseSuite | None = None
+) -> tuple[str, ...]:
     """Name the variable holding each parameter's gradient in f_backward.
 
     Where the closure ends in `return grad_x, grad_w` with its own locals, those are the
-    names (so its code reads unchanged); otherwise `grad_<parameter>`, made unique.
+    names (so its code reads unchanged); otherwise `grad_<parameter>`, made unique, or
+    the literal `None` for a parameter that never gets a gradient.
     """
-    body = diff.backward.body
+    body = diff.backward.body if body is None else body
     statements = list(body.body) if isinstance(body, cst.IndentedBlock) else []
     returns = m.findall(body, m.Return())
     chosen: list[str | None] = [None] * len(diff.params)
@@ -255,7 +277,7 @@ def result_names(diff: Differentiator, names: NameAllocator) -> tuple[str, ...]:
                 if name in assigned and name not in chosen:
                     chosen[i] = name
     return tuple(
-        c or names.fresh(f"grad_{p.name}")
+        c or (names.fresh(f"grad_{p.name}") if p.gets_gradient else "None")
         for c, p in zip(chosen, diff.params, strict=True)
     )
 

@@ -24,6 +24,10 @@ class NameAllocator:
         self.taken.add(name)
         return name
 
+    def release(self, name: str) -> None:
+        """Give `name` back: whatever held it was renamed."""
+        self.taken.discard(name)
+
     def child(self) -> NameAllocator:
         """Return an allocator for an inner scope that starts from these names."""
         return NameAllocator(self.taken)

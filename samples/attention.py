@@ -4,12 +4,12 @@ import math
 import torch
 
 
-def _causal_mask(n: int, m: int, device):
+def _causal_mask(n: int, m: int, device: torch.device) -> torch.Tensor:
     """Boolean (n, m) mask, True where query i may attend to key j (aligned to the end)."""
     return torch.ones(n, m, dtype=torch.bool, device=device).tril(m - n)
 
 
-def _softmax_backward(p, grad_p):
+def _softmax_backward(p: torch.Tensor, grad_p: torch.Tensor) -> torch.Tensor:
     """Gradient of softmax over the last dim given its output p."""
     return p * (grad_p - (grad_p * p).sum(-1, keepdim=True))
 

@@ -4,7 +4,7 @@ import torch
 DEFAULT_NEGATIVE_SLOPE = 0.01
 
 
-def _gain(mask: torch.Tensor, negative_slope: float, dtype):
+def _gain(mask: torch.Tensor, negative_slope: float, dtype: torch.dtype) -> torch.Tensor:
     """Local slope of a leaky piecewise-linear map: 1 where mask holds, negative_slope elsewhere."""
     return mask.to(dtype) * (1.0 - negative_slope) + negative_slope
 

@@ -137,7 +137,7 @@ def test_diff_of_a_missing_output_adds_every_line(project):
     assert run.stdout.startswith(
         "--- out/cube_grad.py\n+++ out/cube_grad.py\n@@ -0,0 +1,"
     )
-    assert "+def cube_forward(x):" in run.stdout
+    assert "+def cube_forward(x: Tensor) -> tuple[Tensor, Context]:" in run.stdout
     assert not (project / "out").exists()
 
 

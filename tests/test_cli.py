@@ -60,7 +60,7 @@ def test_stdout_writes_nothing(tmp_path):
     (tmp_path / "ops.py").write_text(GOOD)
     run = s2sgrad("convert", "ops.py", "--stdout", cwd=tmp_path)
     assert run.returncode == 0
-    assert "def square_forward(x):" in run.stdout
+    assert "def square_forward(x: Tensor) -> " in run.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.py"]
 
 

@@ -47,6 +47,9 @@ from libcst.metadata import (
 
 from s2sgrad import transform
 from s2sgrad.autodiff.rules import RULES
+from s2sgrad.header import Origin
+from s2sgrad.options import Options
+from s2sgrad.pipeline import analyse
 
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 MODULES = sorted(
@@ -841,14 +844,12 @@ def _slice_ops(statements, live, visit):
                     live.update(_reads(small.value))
 
 
-def _promoted(text, name, bound):
-    match = re.search(
-        rf"def {name}_forward\(.*?\"\"\"(.*?)\"\"\"", text, flags=re.S
-    )
-    assert match, f"no {name}_forward in the generated module"
-    context = match.group(1).split("Context:", 1)[-1]
-    listed = re.findall(r"^\s+(\w+): temporary", context, flags=re.M)
-    return set(listed) & bound
+def _promoted(module, name, bound):
+    """The promoted temporaries of one differentiator, from the engine's own records."""
+    source = (CORPUS_DIR / f"{module}.py").read_text("utf-8")
+    _, lifted = analyse(source, Origin(f"{module}.py", f"corpus.{module}"), Options())
+    (item,) = [item for item in lifted if item.source.name == name]
+    return {s.source for s in item.context if s.kind == "temporary" and s.promoted} & bound
 
 
 def _differentiated_lines(text, name):
@@ -888,7 +889,7 @@ def corpus_rule_usage(generated):
             for s in body:
                 for node in _find_assign_targets(s):
                     bound.update(_targets(node))
-            live = _promoted(text, name, bound)
+            live = _promoted(module, name, bound)
             if not live:
                 continue
             vjp_lines = _differentiated_lines(text, name)

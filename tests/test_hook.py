@@ -42,7 +42,9 @@ def square(x):
 """
 
 STUB_TORCH = {
-    "torch/__init__.py": '"""Stand-in for torch."""\nfrom torch import autograd\n',
+    "torch/__init__.py": (
+        '"""Stand-in for torch."""\nfrom torch import autograd\n\n\nclass Tensor:\n    pass\n'
+    ),
     "torch/autograd/__init__.py": "class Function:\n    pass\n",
     "torch/autograd/function.py": "def once_differentiable(fn):\n    return fn\n",
 }
@@ -146,7 +148,7 @@ def test_tracebacks_and_pdb_show_the_generated_lines(tmp_path):
     assert tracebacks.count(f'File "{listing}"') == 2
     assert tracebacks.count("return x * x, (x,)") == 2
     assert "return x * x, (x,)" in session
-    assert "def square_backward(ctx, grad):" in session  # from pdb's `list`
+    assert "def square_backward(ctx: Context, grad: Tensor)" in session  # pdb's `list`
     assert run.stderr.startswith(
         'Traceback (most recent call last):\n  File "check.py"'
     )

@@ -113,7 +113,8 @@ def f(x, y):
     result = lifted(source)
     assert [s.name for s in result.context] == ["y", "ctx"]
     text = transform(source, "t.py")
-    assert "def f_backward(ctx_1, grad, *, grad_ctx=None, needs_input_grad=None):" in text
+    assert "def f_backward(\n    ctx_1: Context," in text
+    assert "grad_ctx: Grad = None" in text
     ns, closure = namespace(source)
     x, y, g = (torch.randn(3, dtype=torch.float64) for _ in range(3))
     _, bw = closure["f"](x, y)
@@ -146,7 +147,14 @@ def scale(x, factor: float = 2.0, *, bias: float = 0.0):
 '''
     ns, _ = namespace(source)
     import inspect
-    assert str(inspect.signature(ns["scale"])) == "(x, factor: float = 2.0, *, bias: float = 0.0)"
+    # The user's parameters, kinds, defaults and annotations; the rest annotated too.
+    params = inspect.signature(ns["scale"]).parameters
+    assert [(p.name, p.kind.name, p.default) for p in params.values()] == [
+        ("x", "POSITIONAL_OR_KEYWORD", inspect.Parameter.empty),
+        ("factor", "POSITIONAL_OR_KEYWORD", 2.0),
+        ("bias", "KEYWORD_ONLY", 0.0),
+    ]
+    assert [p.annotation for p in params.values()] == [torch.Tensor, float, float]
     x = torch.randn(3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: ns["scale"](t, 3.0, bias=1.0), (x,))
     assert torch.autograd.gradgradcheck(lambda t: ns["scale"](t, 3.0, bias=1.0), (x,))

@@ -133,7 +133,7 @@ CASES = [
         """,
         "cat_scale",
         lambda: ([[r(2, 3), r(1, 3), r(3, 3)], 1.5], {}),
-        generated=("def forward(scale, *xs):",),
+        generated=("def forward(scale: float, *xs: Tensor) -> Any:",),
     ),
     Case(
         "addcmul_sizes",
@@ -591,4 +591,4 @@ def test_line_numbers_stay_right_after_form_feeds() -> None:
     for number, statement in re.findall(r"# line (\d+): (.*)", text):
         assert lines[int(number) - 1].strip() == statement
     assert re.search(r"# line 6: u = torch\.sin\(t\)", text)
-    assert "Lifted from ff.py:4-9." in text
+    assert "Forward of `scaled` (ff.py:4-9)" in text

@@ -11,6 +11,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad.autodiff.inline import names_read
+from s2sgrad.codegen import types
 from s2sgrad.codegen.emit import emit
 from s2sgrad.codegen.fmt import format_code
 from s2sgrad.codegen.function import SAVE_HELPERS, uses_save_helpers
@@ -19,7 +20,7 @@ from s2sgrad.codegen.imports import import_block
 from s2sgrad.cst import module
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, ParsedModule
-from s2sgrad.header import FORMAT_VERSION, HASH_MARK, Origin, source_hash
+from s2sgrad.header import Origin, header
 from s2sgrad.lift import Lifted
 from s2sgrad.lines import split_lines
 from s2sgrad.names import Names
@@ -27,16 +28,14 @@ from s2sgrad.options import Options
 from s2sgrad.values import param_value
 
 _ACCUMULATE = '''
-def _accumulate(total, grad):
-    """Add gradients where None is a gradient known to be zero."""
-    if grad is None:
-        return total
-    return grad if total is None else total + grad
+def _accumulate(total: Grad, grad: Grad) -> Grad:
+    """Add gradients where None stands for zero."""
+    return total if grad is None else grad if total is None else total + grad
 '''.lstrip()
 
 #: With list parameters, a gradient may be a list: it is added element by element.
 _ACCUMULATE_LISTS = '''
-def _accumulate(total, grad):
+def _accumulate(total: Any, grad: Any) -> Any:
     """Add gradients where None is a gradient known to be zero; lists element-wise."""
     if grad is None:
         return total
@@ -47,6 +46,27 @@ def _accumulate(total, grad):
     return total + grad
 '''.lstrip()
 
+#: `Function.apply` binds `inspect.signature(forward)` on every call, which costs more
+#: than a small op; outside torch.func transforms and torch.compile its C++ base does
+#: the same work without it. Private torch API, so it falls back to `apply` when any
+#: piece is gone.
+_APPLY = '''
+try:  # private torch API: Function.apply without its per-call signature binding
+    from torch._C import _are_functorch_transforms_active as _transforms_active
+    from torch._functorch.utils import unwrap_dead_wrappers as _unwrap
+
+    _base_apply: Any = torch._C._FunctionBase.__dict__["apply"]
+except (ImportError, AttributeError, KeyError):  # another torch: Function.apply as is
+    _base_apply = None
+
+
+def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
+    """`function.apply(*args)`, without the signature binding where that is safe."""
+    if _base_apply is None or _transforms_active() or torch.compiler.is_compiling():
+        return function.apply(*args)  # type: ignore[no-untyped-call]
+    return _base_apply.__get__(None, function)(*_unwrap(args))
+'''.lstrip()
+
 
 def generate(
     parsed: ParsedModule, lifted: list[Lifted], options: Options, origin: Origin
@@ -55,13 +75,70 @@ def generate(
     _check_collisions(parsed, lifted)
     siblings = {item.source.name for item in lifted}
     used = [n for item in lifted for n in item.source.globals_used if n not in siblings]
-    extra = []
+    body: list[cst.BaseStatement] = list(cst.parse_module(_APPLY).body)
+    if any(item.gradients and item.gradients.blocks for item in lifted):
+        lists = any(
+            param_value(p).tensor_list for item in lifted for p in item.source.params
+        )
+        body.append(cst.parse_statement(_ACCUMULATE_LISTS if lists else _ACCUMULATE))
+    if any(uses_save_helpers(item) for item in lifted):
+        body += cst.parse_module(SAVE_HELPERS.lstrip()).body
+    taken = set(parsed.module_names) | {
+        name for item in lifted for name in vars(Names.of(item.source.name)).values()
+    }
+    for item in lifted:
+        body += emit(item, origin.display_path, siblings, taken, options.line_length)
+    aliases, read = _aliases(body)
+    imports = _imports(parsed, lifted, origin, used, read)
+    code = module(aliases).code + "\n\n" + module(body).code
+    formatted = format_code("\n".join(imports) + "\n" + code, options.line_length)
+    text = (
+        header(origin.display_path, parsed.source, options.key(), formatted) + formatted
+    )
+    check_generated(text, options.line_length)
+    return text
+
+
+def _aliases(
+    body: list[cst.BaseStatement],
+) -> tuple[list[cst.BaseStatement], set[str]]:
+    """The type aliases (types.ALIASES) that the module's code uses, defined; and every
+    name the code (aliases included) reads."""
+    read = {
+        n.value for n in m.findall(module(body), m.Name()) if isinstance(n, cst.Name)
+    }
+    lines = [
+        f"{name} = {meaning}  # {note}\n"
+        for name, (meaning, note) in types.ALIASES.items()
+        if name in read
+    ]
+    if not lines:
+        return [], read
+    aliases: list[cst.BaseStatement] = list(cst.parse_module("".join(lines)).body)
+    return aliases, read | {
+        n.value for n in m.findall(module(aliases), m.Name()) if isinstance(n, cst.Name)
+    }
+
+
+def _imports(
+    parsed: ParsedModule,
+    lifted: list[Lifted],
+    origin: Origin,
+    used: list[str],
+    read: set[str],
+) -> list[str]:
+    """The import lines: what the differentiators use, and what generated code reads."""
+    extra = ["from typing import Any, cast"]
+    if types.TENSOR in read:
+        extra.append(f"from torch import {types.TENSOR}")
     if any(item.once_differentiable for item in lifted):
         extra.append("from torch.autograd.function import once_differentiable")
     if "math" not in used and any(_rules_read_math(item) for item in lifted):
         extra.append("import math")
     try:
-        imports = import_block(used, parsed.globals, origin.module_name, extra)
+        imports = import_block(
+            used, parsed.globals, origin.module_name, extra, _postponed(parsed)
+        )
     except ValueError:
         first = lifted[0].source
         raise TransformError(
@@ -78,32 +155,22 @@ def generate(
                 ),
             ]
         ) from None
-    header = [
-        f"# Generated by s2sgrad from {origin.display_path}. Do not edit: edit the",
-        "# source and run `s2sgrad convert` again.",
-        f"{HASH_MARK}{source_hash(parsed.source)}",
-        f"# s2sgrad-format: {FORMAT_VERSION}",
-    ]
-    what = origin.module_name or origin.display_path
-    doc = f'"""Lifted forward/backward pairs and autograd Functions for `{what}`."""'
-    body: list[cst.BaseStatement] = []
-    if any(item.gradients and item.gradients.blocks for item in lifted):
-        lists = any(
-            param_value(p).tensor_list for item in lifted for p in item.source.params
+    return imports
+
+
+def _postponed(parsed: ParsedModule) -> bool:
+    """Tell whether the source says `from __future__ import annotations`."""
+    future = m.ImportFrom(
+        module=m.Name("__future__"),
+        names=[m.ZeroOrMore(), m.ImportAlias(m.Name("annotations")), m.ZeroOrMore()],
+    )
+    return any(
+        m.matches(
+            statement,
+            m.SimpleStatementLine(body=[m.ZeroOrMore(), future, m.ZeroOrMore()]),
         )
-        body.append(cst.parse_statement(_ACCUMULATE_LISTS if lists else _ACCUMULATE))
-    if any(uses_save_helpers(item) for item in lifted):
-        body += cst.parse_module(SAVE_HELPERS.lstrip()).body
-    taken = set(parsed.module_names) | {
-        name for item in lifted for name in vars(Names.of(item.source.name)).values()
-    }
-    for item in lifted:
-        body += emit(item, origin.display_path, siblings, taken)
-    code = module(body).code
-    text = "\n".join(header) + "\n" + doc + "\n\n" + "\n".join(imports) + "\n" + code
-    formatted = format_code(text, options.line_length)
-    check_generated(formatted, options.line_length)
-    return formatted
+        for statement in parsed.module.body
+    )
 
 
 def _rules_read_math(item: Lifted) -> bool:
@@ -119,12 +186,37 @@ def _only_called(diff: Differentiator, name: str) -> bool:
     return len(calls) == len(uses)
 
 
+#: Module-level names the generated module may define or import for itself.
+_OWN_NAMES = (
+    "_apply",
+    "_base_apply",
+    "_transforms_active",
+    "_unwrap",
+    "_accumulate",
+    "_save",
+    "_saved",
+    *types.ALIASES,
+)
+
+#: Names the generated module imports: the same objects are no collision.
+_IMPORTED = {
+    "Any": "from typing import Any",
+    "cast": "from typing import cast",
+    types.TENSOR: f"from torch import {types.TENSOR}",
+    "once_differentiable": "from torch.autograd.function import once_differentiable",
+}
+
+
 def _check_collisions(parsed: ParsedModule, lifted: list[Lifted]) -> None:
-    generated: dict[str, str] = {}
+    generated = dict.fromkeys(_OWN_NAMES, "its own use")
+    for name, statement in _IMPORTED.items():
+        spec = parsed.globals.get(name)
+        if spec is not None and spec.import_code != statement:
+            generated[name] = "its own use"
     for item in lifted:
         names = Names.of(item.source.name)
         for name in (names.forward, names.backward, names.function, names.op):
-            generated[name] = item.source.name
+            generated[name] = f"`{item.source.name}`"
     found = []
     for item in lifted:
         diff = item.source
@@ -136,7 +228,7 @@ def _check_collisions(parsed: ParsedModule, lifted: list[Lifted]) -> None:
                     Diagnostic(
                         "S2S114",
                         f"`{diff.name}` uses the module-level name `{name}`, which the "
-                        f"generated module defines for `{generated[name]}`",
+                        f"generated module defines for {generated[name]}",
                         parsed.path,
                         diff.first_line,
                         1,

@@ -13,7 +13,7 @@ from collections.abc import Collection
 
 import libcst as cst
 
-from s2sgrad.codegen import docs
+from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.function import function_class, op_def
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
 from s2sgrad.cst import as_statement
@@ -46,6 +46,7 @@ def emit(
     path: str,
     siblings: Collection[str] = (),
     module_names: Collection[str] = (),
+    line_length: int = 88,
 ) -> list[cst.BaseStatement]:
     """Emit the definitions of one differentiator.
 
@@ -55,7 +56,7 @@ def emit(
     """
     names = Names.of(lifted.source.name)
     recompute = lifted.gradients.recompute if lifted.gradients else None
-    body = backward_body(lifted)
+    body = backward_body(lifted, line_length)
     definitions: list[cst.BaseStatement] = [
         forward_def(lifted, names, path),
         *([recompute_def(lifted, recompute, path)] if recompute else []),
@@ -88,8 +89,8 @@ def emit(
         )
     return [
         *definitions,
-        function_class(lifted, names, body.needs, pair),
-        op_def(lifted, names),
+        function_class(lifted, names, body.needs, pair, body.handles_none),
+        op_def(lifted, names, path),
     ]
 
 
@@ -128,14 +129,31 @@ def recompute_def(lifted: Lifted, plan: Recompute, path: str) -> cst.FunctionDef
     """Emit the function backward calls to recompute temporaries without a VJP."""
     returned = ", ".join(plan.returns)
     ret = cst.parse_statement(f"return {returned}\n")
-    doc = docs.recompute_doc(lifted, plan, path)
-    params = cst.Parameters([cst.Param(cst.Name(p)) for p in plan.params])
+    doc = docs.recompute_doc(lifted, plan.returns, path)
+    params = cst.Parameters(
+        [
+            cst.Param(cst.Name(p), cst.Annotation(cst.parse_expression(t)))
+            for p, t in zip(plan.params, _recompute_types(lifted, plan), strict=True)
+        ]
+    )
     return cst.FunctionDef(
         name=cst.Name(plan.function),
         params=params,
         body=cst.IndentedBlock([_doc(doc), *plan.statements, ret]),
+        returns=cst.Annotation(cst.parse_expression("Any")),
         leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
     )
+
+
+def _recompute_types(lifted: Lifted, plan: Recompute) -> list[str]:
+    by_name = {s.name: s for s in lifted.context}
+    found = []
+    for arg in plan.args:
+        saved = by_name.get(arg)
+        found.append(
+            types.TENSOR if saved is not None and saved.storage == "tensor" else "Any"
+        )
+    return found
 
 
 def forward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
@@ -144,10 +162,14 @@ def forward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
     context = _tuple([s.expression for s in lifted.context]) if lifted.context else "()"
     ret = cst.parse_statement(f"return {result}, {context}\n")
     body = [_doc(docs.forward_doc(lifted, path)), *lifted.forward_statements, ret]
+    returns = types.of_result(lifted.outputs, diff.tuple_result)
     return cst.FunctionDef(
         name=cst.Name(names.forward),
-        params=diff.forward.params,
+        params=types.annotated(diff.forward.params, diff.params),
         body=cst.IndentedBlock(body),
+        returns=cst.Annotation(
+            cst.parse_expression(f"tuple[{returns}, {types.CONTEXT}]")
+        ),
         leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
     )
 
@@ -157,24 +179,37 @@ def backward_def(
 ) -> cst.FunctionDef:
     diff = lifted.source
     ctx = NameAllocator(lifted.taken).fresh("ctx")
-    body: list[cst.BaseStatement] = [_doc(docs.backward_doc(lifted, path))]
+    incoming = [k for _, k in lifted.gradients.incoming] if lifted.gradients else []
+    promoted = [t for t, _ in lifted.gradients.incoming] if lifted.gradients else []
+    body: list[cst.BaseStatement] = [_doc(docs.backward_doc(lifted, path, promoted))]
     if lifted.context:
         unpack = _targets([s.name for s in lifted.context])
         body.append(cst.parse_statement(f"{unpack} = {ctx}\n"))
     body += gradients.statements
-    keywords = [k for _, k in lifted.gradients.incoming] if lifted.gradients else []
+    keywords = [(k, types.GRAD) for k in incoming]
     if gradients.needs:
-        keywords.append(gradients.needs)
-    params = diff.backward.params.with_changes(
-        params=[cst.Param(cst.Name(ctx)), *diff.backward.params.params],
-        star_arg=cst.ParamStar() if keywords else cst.MaybeSentinel.DEFAULT,
-        kwonly_params=[
-            cst.Param(cst.Name(k), default=cst.Name("None")) for k in keywords
-        ],
-    )
+        keywords.append((gradients.needs, types.NEEDS))
+    grad_type = types.GRAD if gradients.handles_none else types.TENSOR
+    listed = {i for i, value in enumerate(lifted.outputs) if value.tensor_list}
+    params = [cst.Param(cst.Name(ctx), _annotation(types.CONTEXT))]
+    for i, param in enumerate(diff.backward.params.params):
+        kind = f"list[{types.TENSOR}]" if i in listed else grad_type
+        params.append(param.with_changes(annotation=_annotation(kind), default=None))
     return cst.FunctionDef(
         name=cst.Name(names.backward),
-        params=params,
+        params=diff.backward.params.with_changes(
+            params=params,
+            star_arg=cst.ParamStar() if keywords else cst.MaybeSentinel.DEFAULT,
+            kwonly_params=[
+                cst.Param(cst.Name(k), _annotation(t), default=cst.Name("None"))
+                for k, t in keywords
+            ],
+        ),
         body=cst.IndentedBlock(body),
+        returns=_annotation(gradients.returns),
         leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
     )
+
+
+def _annotation(text: str) -> cst.Annotation:
+    return cst.Annotation(cst.parse_expression(text))

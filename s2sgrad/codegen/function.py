@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from s2sgrad.codegen import docs
+from s2sgrad.codegen import docs, types
 from s2sgrad.lift import Lifted, Saved, may_alias, may_return_self
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import BOTTOM, param_value
@@ -132,8 +132,10 @@ class FunctionWriter:
         names: Names,
         needs: str | None = None,
         pair: tuple[str, str] | None = None,
+        handles_none: bool = False,
     ) -> None:
         self.lifted = lifted
+        self.handles_none = handles_none
         self.diff = lifted.source
         self.names = names
         self.needs = needs
@@ -222,6 +224,17 @@ class FunctionWriter:
         return [o for o in self.outputs if o.listed]
 
     # -- layout of the Function's inputs and outputs -----------------------------------
+    def annotation(self, name: str) -> str:
+        """A parameter's annotation in the Function's forward: `Tensor` (or `Grad`) for
+        a tensor, otherwise the user's, if any."""
+        param = next(p for p in self.diff.params if p.name == name)
+        value = param_value(param)
+        if value.tensor is True:
+            return types.of(value)
+        if param.node.annotation is not None:
+            return cst.Module([]).code_for_node(param.node.annotation.annotation)
+        return types._inferred(param)
+
     def _head(self) -> list[str]:
         """The leading inputs: parameters in order, a list by its length (if several)."""
         return [
@@ -276,11 +289,8 @@ class FunctionWriter:
 
     # -- the class ----------------------------------------------------------------------
     def write(self) -> str:
-        doc = docs.docstring(docs.function_doc(self.lifted), "    ")
         parts = [
             f"class {self.names.function}(torch.autograd.Function):",
-            f"    {doc}",
-            "",
             "    generate_vmap_rule = True",
             "",
             *_indent(self.forward()),
@@ -292,10 +302,16 @@ class FunctionWriter:
         return "\n".join(parts) + "\n"
 
     def forward(self) -> list[str]:
-        signature = self._head()
+        signature = [
+            f"{self.lengths[item.name]}: int"
+            if item.name in self.lengths
+            else f"{item.name}: {self.annotation(item.name)}"
+            for item in self.inputs
+            if not item.listed or item.name in self.lengths
+        ]
         if self.listed:
-            signature.append(f"*{self._elements()}")
-        lines = ["@staticmethod", f"def forward({', '.join(signature)}):"]
+            signature.append(f"*{self._elements()}: {types.TENSOR}")
+        lines = ["@staticmethod", f"def forward({', '.join(signature)}) -> Any:"]
         if self.flat is not None:
             lines += ["    " + s for s in self._split(self.flat, self.lengths)]
         args = []
@@ -339,7 +355,8 @@ class FunctionWriter:
     def setup_context(self) -> list[str]:
         lines = [
             "@staticmethod",
-            f"def setup_context({self.ctx}, {self.inputs_name}, {self.output_name}):",
+            f"def setup_context({self.ctx}: Any, {self.inputs_name}: {types.CONTEXT}, "
+            f"{self.output_name}: Any) -> None:",
         ]
         context = self.lifted.context
         wanted = {
@@ -454,13 +471,14 @@ class FunctionWriter:
         pairs = list(zip(self.grads, self.outputs, strict=True))
         plain = [g for g, o in pairs if not o.listed]
         listed = [g for g, o in pairs if o.listed]
-        params = [self.ctx, *plain, *self.incoming]
+        params = [f"{self.ctx}: Any"]
+        params += [f"{g}: {types.GRAD}" for g in (*plain, *self.incoming)]
         skipped = int(bool(self.extras)) + int(len(self.listed_outputs) > 1)
         if self.listed_outputs:
-            params.append(f"*{self.rest}")
+            params.append(f"*{self.rest}: {types.GRAD}")
         elif skipped:
-            params.append("*_")
-        lines.append(f"def backward({', '.join(params)}):")
+            params.append("*_: Any")
+        lines.append(f"def backward({', '.join(params)}) -> Any:")
         if self.incoming:
             lines += [
                 "    if torch.compiler.is_compiling():  # only a double backward sends "
@@ -471,7 +489,9 @@ class FunctionWriter:
         tests = [f"{g} is None" for g in (*plain, *self.incoming)]
         tests += [f"all(g is None for g in {g})" for g in listed]
         nones = self._nones()
-        lines += [f"    if {' and '.join(tests)}:", f"        return {nones}"]
+        if not self.handles_none or self.diff.tuple_result or listed:
+            # The closure expects tensors: skip it when no gradient arrived at all.
+            lines += [f"    if {' and '.join(tests)}:", f"        return {nones}"]
         lines += self._materialize(plain, listed)
         keywords = [f"{k}={k}" for k in self.incoming]
         if self.needs:
@@ -618,15 +638,16 @@ class FunctionWriter:
             if not item.listed or item.name in self.lengths
         ]
         args += [f"*{item.name}" for item in self.listed]
-        call = f"{self.names.function}.apply({', '.join(args)})"
+        call = f"_apply({', '.join([self.names.function, *args])})"
         returned = self._returned()
         n_outputs = len(self.outputs)
+        result = self.result_type()
         if not self.listed_outputs:
             if len(returned) == n_outputs:
-                return [f"return {call}"]
+                return [f"return cast({result}, {call})"]
             if self.diff.tuple_result:
-                return [f"return {call}[:{n_outputs}]"]
-            return [f"return {call}[0]"]
+                return [f"return cast({result}, {call}[:{n_outputs}])"]
+            return [f"return cast({result}, {call}[0])"]
         out = NameAllocator(
             set(self.lifted.taken) | {p.name for p in self.diff.params}
         ).fresh("out")
@@ -651,6 +672,9 @@ class FunctionWriter:
         else:
             lines.append(f"return {pieces[0]}")
         return lines
+
+    def result_type(self) -> str:
+        return types.of_result(self.lifted.outputs, self.diff.tuple_result)
 
 
 def _indent(lines: list[str]) -> list[str]:
@@ -679,24 +703,29 @@ def _targets(items: list[str]) -> str:
 
 
 def function_class(
-    lifted: Lifted, names: Names, needs: str | None, pair: tuple[str, str]
+    lifted: Lifted,
+    names: Names,
+    needs: str | None,
+    pair: tuple[str, str],
+    handles_none: bool,
 ) -> cst.BaseStatement:
     """The Function class, as a statement."""
-    text = FunctionWriter(lifted, names, needs, pair).write()
+    text = FunctionWriter(lifted, names, needs, pair, handles_none).write()
     statement = cst.parse_module(text).body[0]
     return statement.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
 
 
-def op_def(lifted: Lifted, names: Names) -> cst.FunctionDef:
+def op_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
     """The op `f`: the source signature, calling the Function."""
     writer = FunctionWriter(lifted, names)
     doc = cst.SimpleStatementLine(
-        [cst.Expr(cst.SimpleString(docs.docstring(docs.op_doc(lifted), "    ")))]
+        [cst.Expr(cst.SimpleString(docs.docstring(docs.op_doc(lifted, path), "    ")))]
     )
     body = [doc, *(cst.parse_statement(line + "\n") for line in writer.op_body())]
     return cst.FunctionDef(
         name=cst.Name(names.op),
-        params=lifted.source.forward.params,
+        params=types.annotated(lifted.source.forward.params, lifted.source.params),
         body=cst.IndentedBlock(body),
+        returns=cst.Annotation(cst.parse_expression(writer.result_type())),
         leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
     )

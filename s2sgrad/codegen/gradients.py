@@ -1,10 +1,11 @@
 """The body of `f_backward`: the closure's own backward, then the generated VJP blocks.
 
 Takes a `Lifted` record; returns the statements after the context is unpacked. Without
-promoted temporaries this is the closure's body as written (after any recomputation).
-With them, the closure's final `return` becomes an assignment to one gradient variable
-per forward parameter, the closure's part runs only when its output gradients arrive,
-and each VJP block adds the gradient of a promoted temporary into those variables.
+promoted temporaries this is the closure's body as written (after any recomputation),
+sliced per gradient when it computes each one on its own. With them, the closure's final
+`return` becomes an assignment to one gradient variable per forward parameter, the
+closure's part runs only when its output gradients arrive, and each VJP block adds the
+gradient of a promoted temporary into those variables.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
+from s2sgrad.codegen import types
 from s2sgrad.codegen.slicing import slice_closure
-from s2sgrad.cst import as_compound_or_line, module, statements
+from s2sgrad.cst import module, statements
 from s2sgrad.lift import Lifted, Recompute
 from s2sgrad.names import NameAllocator
 
@@ -27,58 +29,84 @@ def _comment(text: str) -> cst.EmptyLine:
 def recompute_call(plan: Recompute) -> list[cst.BaseStatement]:
     targets = ", ".join(plan.targets)
     call = cst.parse_statement(f"{targets} = {plan.function}({', '.join(plan.args)})\n")
-    notes = [_comment("Recomputed from saved inputs (correct at every order):")]
+    notes = [_comment("Recomputed, not saved (right at every order), because")]
     notes += [_comment(f"  {reason}") for reason in plan.reasons]
     return [call.with_changes(leading_lines=notes)]
 
 
 @dataclass(frozen=True)
 class BackwardBody:
-    """f_backward's statements, and its `needs_input_grad` parameter when sliced."""
+    """f_backward's statements, and what its signature says about them."""
 
     statements: list[cst.BaseStatement]
+    #: The `needs_input_grad` keyword parameter, when the closure is sliced.
     needs: str | None
+    #: Gradients may arrive as None (the closure's part is guarded).
+    handles_none: bool
+    #: The return annotation.
+    returns: str
 
 
-def backward_body(lifted: Lifted) -> BackwardBody:
+def backward_body(lifted: Lifted, line_length: int = 88) -> BackwardBody:
     """Return f_backward's statements after the context is unpacked."""
     grads = lifted.gradients
     user = statements(lifted.backward_body)
     prologue = recompute_call(grads.recompute) if grads and grads.recompute else []
     results = list(lifted.results)
-    needs = NameAllocator(lifted.taken).fresh("needs_input_grad")
-    sliced = slice_closure(user, results, needs)
-    init = cst.parse_statement(f"{' = '.join(results)} = None\n")
+    names = NameAllocator(lifted.taken)
+    needs = names.fresh("needs_input_grad")
+    params = [p.name for p in lifted.source.params]
+    guards = [names.fresh(f"need_{p}") for p in params]
+    guarded = grads is not None and bool(grads.incoming)
+    found = slice_closure(user, results, guards, line_length - (8 if guarded else 4))
+    sliced = found.statements if found else None
+    # Unguarded, a variable that the slices assign on every path needs no start value.
+    skip = found.assigned if found and not guarded else frozenset()
+    variables = [r for r in results if r != "None" and r not in skip]
+    init = (
+        [cst.parse_statement(f"{' = '.join(variables)} = None\n")] if variables else []
+    )
+    built = types.GRADS if len(results) > 1 else types.GRAD
+    if sliced is not None:
+        used = {g for g in guards if any(g in _names(s) for s in sliced)}
+        targets = ", ".join(g if g in used else "_" for g in guards)
+        unpack = cst.parse_statement(
+            f"{targets} = {needs} or (True,) * {len(guards)}\n"
+        )
+        prefix = [unpack]
+    else:
+        prefix = []
     if grads is None or not grads.incoming:
         if sliced is None:
-            return BackwardBody(prologue + user, None)
+            return BackwardBody(prologue + user, None, False, "Any")
         ret = cst.parse_statement(f"return {', '.join(results)}\n")
-        return BackwardBody([*prologue, init, *sliced, ret], needs)
+        body = [*prologue, *prefix, *init, *sliced, ret]
+        return BackwardBody(body, needs, False, built)
     diff = lifted.source
-    body = [*prologue, init]
+    body = [*prologue, *prefix, *init]
     closure, bare = (sliced, False) if sliced else _closure_part(lifted, results, user)
-    test = " or ".join(f"{g} is not None" for g in diff.grad_params)
-    guard = cst.If(cst.parse_expression(test), cst.IndentedBlock(closure))
-    body.append(
-        guard.with_changes(
-            leading_lines=[
-                _comment(f"The closure `{diff.backward.name.value}`, as written.")
-            ]
-        )
+    # The Function materializes the missing ones when any gradient arrives: the
+    # closure runs with all of them, or with none.
+    test = " and ".join(f"{g} is not None" for g in diff.grad_params)
+    comment = cst.TrailingWhitespace(
+        whitespace=cst.SimpleWhitespace("  "),
+        comment=cst.Comment(f"# the closure `{diff.backward.name.value}`, as written"),
     )
+    block = cst.IndentedBlock(closure, header=comment)
+    body.append(cst.If(cst.parse_expression(test), block))
     if grads.inits:
         body.append(cst.parse_statement(f"{' = '.join(grads.inits)} = None\n"))
-    blocks = list(grads.blocks)
-    if blocks:
-        first = as_compound_or_line(blocks[0])
-        note = _comment("Gradients of the promoted temporaries, back to the inputs.")
-        blocks[0] = first.with_changes(leading_lines=[note, *first.leading_lines])
-    body += blocks
+    body += list(grads.blocks)
     returned = (
         results[0] if bare else ", ".join(results) + ("," if len(results) == 1 else "")
     )
     body.append(cst.parse_statement(f"return {returned}\n"))
-    return BackwardBody(body, needs if sliced else None)
+    returns = types.GRAD if bare else built
+    return BackwardBody(body, needs if sliced else None, True, returns)
+
+
+def _names(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
 
 
 def _closure_part(
@@ -106,7 +134,7 @@ def _assign(results: list[str], value: cst.BaseExpression | None) -> cst.Assign 
     """Assign the closure's returned gradients to the result variables.
 
     Entries that already are the result variable, or `None` (the variables start at
-    None), need no assignment.
+    None, and a parameter that never gets one has the literal None), need none.
     """
     if value is None or m.matches(value, m.Name("None")):
         return None
@@ -114,7 +142,7 @@ def _assign(results: list[str], value: cst.BaseExpression | None) -> cst.Assign 
         pairs = [
             (r, e.value)
             for r, e in zip(results, value.elements, strict=True)
-            if not m.matches(e.value, m.Name(r) | m.Name("None"))
+            if r != "None" and not m.matches(e.value, m.Name(r) | m.Name("None"))
         ]
         if not pairs:
             return None
@@ -129,7 +157,8 @@ def _assign(results: list[str], value: cst.BaseExpression | None) -> cst.Assign 
         if m.matches(value, m.Name(results[0])):
             return None
         return cst.Assign([cst.AssignTarget(cst.Name(results[0]))], value)
-    target = cst.Tuple([cst.Element(cst.Name(r)) for r in results], lpar=[], rpar=[])
+    named = [cst.Name(r) if r != "None" else cst.Name("_") for r in results]
+    target = cst.Tuple([cst.Element(n) for n in named], lpar=[], rpar=[])
     return cst.Assign([cst.AssignTarget(target)], value)
 
 
@@ -142,11 +171,12 @@ def _nested(
     nested = diff.backward.with_changes(body=cst.IndentedBlock(user), leading_lines=[])
     call = f"{name}({', '.join(diff.grad_params)})"
     n = len(results)
+    targets = ", ".join(r if r != "None" else "_" for r in results)
     if n == 1:
-        tail = cst.parse_statement(f"{results[0]} = {call}\n")
+        tail = cst.parse_statement(f"{targets} = {call}\n")
     else:
         nones = ", ".join(["None"] * n)
         tail = cst.parse_statement(
-            f"{', '.join(results)} = ({nones}) if (grads := {call}) is None else grads\n"
+            f"{targets} = ({nones}) if (grads := {call}) is None else grads\n"
         )
     return [nested, tail]

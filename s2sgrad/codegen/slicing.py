@@ -1,8 +1,8 @@
 """Split a closure's backward into per-gradient slices guarded by `needs_input_grad`.
 
-Takes the closure's statements and the variables that hold each parameter's gradient;
-returns statements where the work only one gradient needs runs only when autograd asked
-for that gradient, or None when the closure is not separable (control flow, rebinding,
+Takes the closure's statements, the variables that hold each parameter's gradient and
+the flag that says whether each is asked for; returns statements where the work only
+one gradient needs runs only when autograd asked for that gradient, or None when the closure is not separable (control flow, rebinding,
 a return that is not a tuple of one entry per parameter). Invariant: with every flag set
 (or `needs_input_grad=None`, the default for direct callers) the sliced code computes
 exactly what the closure computes.
@@ -11,21 +11,38 @@ exactly what the closure computes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad.autodiff.inline import bound_names, names_read
+from s2sgrad.cst import module
 
 _SIMPLE = m.SimpleStatementLine(
     body=[m.Assign(targets=[m.AssignTarget(m.Name())]) | m.AnnAssign(target=m.Name())]
 )
 
 
+@dataclass(frozen=True)
+class Sliced:
+    """The sliced closure, and the result variables it assigns on every path."""
+
+    statements: list[cst.BaseStatement]
+    assigned: frozenset[str]
+
+
 def slice_closure(
-    statements: Sequence[cst.BaseStatement], results: Sequence[str], needs: str
-) -> list[cst.BaseStatement] | None:
-    """Return the closure sliced per gradient, or None when it is not separable."""
+    statements: Sequence[cst.BaseStatement],
+    results: Sequence[str],
+    guards: Sequence[str],
+    width: int = 88,
+) -> Sliced | None:
+    """Return the closure sliced per gradient, or None when it is not separable.
+
+    A gradient that is one expression on its own becomes `grad_a = e if need_a else
+    None` where that fits in `width` columns, a block under `if need_a:` otherwise.
+    """
     if len(results) < 2 or not statements:
         return None
     final = statements[-1]
@@ -52,8 +69,29 @@ def slice_closure(
                 owners[k].add(i)
                 wanted |= names_read(body[k])
     out = [s for k, s in enumerate(body) if len(owners[k]) != 1]
+    assigned = set()
     for i in live:
         own = [s for k, s in enumerate(body) if owners[k] == {i}]
+        if results[i] == "None":
+            continue
+        if not own and not m.matches(entries[i], m.Name(results[i])):
+            line = cst.SimpleStatementLine(
+                [
+                    cst.Assign(
+                        [cst.AssignTarget(cst.Name(results[i]))],
+                        cst.IfExp(
+                            test=cst.Name(guards[i]),
+                            body=_bracketed(entries[i]),
+                            orelse=cst.Name("None"),
+                        ),
+                    )
+                ]
+            )
+            code = module([line]).code.rstrip("\n")
+            if "\n" not in code and len(code) <= width:
+                out.append(line)
+                assigned.add(results[i])
+                continue
         if not m.matches(entries[i], m.Name(results[i])):
             own.append(
                 cst.SimpleStatementLine(
@@ -61,6 +99,13 @@ def slice_closure(
                 )
             )
         if own:
-            test = cst.parse_expression(f"{needs} is None or {needs}[{i}]")
-            out.append(cst.If(test, cst.IndentedBlock(own)))
-    return out
+            out.append(cst.If(cst.Name(guards[i]), cst.IndentedBlock(own)))
+    return Sliced(out, frozenset(assigned))
+
+
+def _bracketed(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`value` as the body of a conditional expression: lambdas and conditionals bind
+    more loosely, so they get parentheses."""
+    if isinstance(value, (cst.IfExp, cst.Lambda, cst.NamedExpr)) and not value.lpar:
+        return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return value

@@ -129,6 +129,11 @@ class Differentiator:
     pragmas: Mapping[str, str]
     #: In-place writes in forward to values forward created.
     writes: tuple[InPlace, ...] = ()
+    #: Names bound in backward and used nowhere else: each one's Name nodes (lifting
+    #: renames one that a generated keyword parameter needs).
+    backward_locals: Mapping[str, tuple[cst.Name, ...]] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 @dataclass(frozen=True)

@@ -572,6 +572,7 @@ def _build(
         },
         pragmas=pragmas,
         writes=facts.writes,
+        backward_locals=facts.backward_locals,
     )
     return record, []
 

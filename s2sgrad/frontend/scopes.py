@@ -9,6 +9,7 @@ and diagnostics for undefined names and for mutation of captured values.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import difflib
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -46,6 +47,10 @@ class ScopeFacts:
     local_names: frozenset[str]
     diagnostics: tuple[Diagnostic, ...]
     writes: tuple[InPlace, ...] = ()
+    #: Names bound in backward and used nowhere else: each one's Name nodes.
+    backward_locals: Mapping[str, tuple[cst.Name, ...]] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 class ScopeAnalysis:
@@ -152,6 +157,9 @@ class ScopeAnalysis:
                 found.append(self._undefined(node, outer))
             elif any(isinstance(r.scope, GlobalScope) for r in read.referents):
                 globals_used.setdefault(node.value, self._pos(node))
+        backward_locals = self._backward_locals(
+            backward, bscope, inner, backward_scopes
+        )
         captures = tuple(
             Capture(name, tuple(sorted(u, key=lambda use: self._pos(use.name))))
             for name, u in sorted(
@@ -166,8 +174,52 @@ class ScopeAnalysis:
         found.sort(key=lambda d: (d.line, d.column))
         ordered_globals = tuple(sorted(globals_used, key=lambda n: globals_used[n]))
         return ScopeFacts(
-            captures, ordered_globals, frozenset(names), tuple(found), writes
+            captures,
+            ordered_globals,
+            frozenset(names),
+            tuple(found),
+            writes,
+            backward_locals,
         )
+
+    def _backward_locals(
+        self,
+        backward: cst.FunctionDef,
+        bscope: Scope,
+        inner: list[Scope],
+        backward_scopes: set[Scope],
+    ) -> dict[str, tuple[cst.Name, ...]]:
+        """The names that backward binds (its parameters aside) and that nothing
+        outside backward binds or reads, each with every Name node that spells it."""
+        params = {p.name.value for p in _all_params(backward)}
+        outside = {
+            name
+            for scope in inner
+            if scope not in backward_scopes
+            for name in (
+                *(a.name for a in scope.assignments),
+                *(a.node.value for a in scope.accesses if isinstance(a.node, cst.Name)),
+            )
+        }
+        found: dict[str, list[cst.Name]] = {}
+        for assignment in bscope.assignments:
+            name = assignment.name
+            if (
+                name in params
+                or name in outside
+                or not isinstance(assignment, Assignment)
+            ):
+                continue
+            if isinstance(assignment.node, cst.Name):
+                found.setdefault(name, []).append(assignment.node)
+        for scope in backward_scopes:
+            for access in scope.accesses:
+                node = access.node
+                if not isinstance(node, cst.Name) or node.value not in found:
+                    continue
+                if any(r.scope is bscope for r in access.referents):
+                    found[node.value].append(node)
+        return {name: tuple(nodes) for name, nodes in sorted(found.items())}
 
     def _scope_order(self, scope: Scope) -> tuple[int, int]:
         node = getattr(scope, "node", None)
