@@ -5,7 +5,8 @@ varied names and constants; every one has a temporary that backward captures (so
 lifted, promoted and gets generated VJP code). `measure` times
 `python -m s2sgrad convert FILE -o DIR` in a new interpreter each time (cold: nothing of
 s2sgrad is imported yet; Python's bytecode cache is in its normal state) and also the
-bare start-up (`python -c "import s2sgrad.cli"`) so the report can show both.
+bare start-up (`python -c "import s2sgrad.cli"`) so the report can show both, and
+`convert --check` of the output just written (up to date: answered from its header).
 
 Run directly for a quick look: `python benchmarks/convert_speed.py [N]`.
 """
@@ -119,6 +120,7 @@ def measure(
         source.write_text(synthetic_module(n))
         lines = len(source.read_text().splitlines())
         convert_times, convert_cpu, startup_times, startup_cpu = [], [], [], []
+        check_times: list[float] = []
         for k in range(repeats):
             out = root / f"out{k}"
             wall, cpu = _run(
@@ -138,6 +140,12 @@ def measure(
             produced = list(out.rglob("*_grad.py"))
             if len(produced) != 1:
                 raise RuntimeError(f"convert wrote {produced}, expected one *_grad.py")
+            wall, _ = _run(
+                [sys.executable, "-m", "s2sgrad", "convert", "--check", str(source)]
+                + ["-o", str(out)],
+                root,
+            )
+            check_times.append(wall)
             wall, cpu = _run([sys.executable, "-c", "import s2sgrad.cli"], root)
             startup_times.append(wall)
             startup_cpu.append(cpu)
@@ -160,6 +168,9 @@ def measure(
         "startup_cpu_s": cpu_startup,
         "lines_per_cpu_s": lines / cpu,
         "repeats": len(convert_times),
+        # `convert --check` of the output just written: answered from its header.
+        "check_wall_s": statistics.median(check_times),
+        "check_lines_per_s": lines / statistics.median(check_times),
     }
 
 

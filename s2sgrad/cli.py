@@ -19,19 +19,20 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from s2sgrad.config import Config, ConfigError, load_config
 from s2sgrad.diagnostics import Diagnostic, TransformError
-from s2sgrad.frontend import decode_source
-from s2sgrad.header import Origin
+from s2sgrad.header import Origin, up_to_date
 from s2sgrad.options import Options
-from s2sgrad.pipeline import convert, has_differentiators
 from s2sgrad.review.check import status, unified_diff
-from s2sgrad.review.model import ReviewRecord, review
-from s2sgrad.review.page import render_html
-from s2sgrad.review.text import render_text
-from s2sgrad.sources import display_path, module_name
+from s2sgrad.sources import decode_source, display_path, module_name
+
+if TYPE_CHECKING:
+    from s2sgrad.review.model import ReviewRecord
+
+# The engine (libcst, black) is imported where a file is converted or reviewed: a
+# `--check` whose outputs are up to date answers from their headers without it.
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 123
 T = TypeVar("T")
@@ -98,6 +99,8 @@ def convert_file(
     source: Path, output: Path, options: Options, explicit: bool
 ) -> Outcome | None:
     """Convert one file; None when a file found in a directory has no differentiators."""
+    from s2sgrad.pipeline import convert, has_differentiators
+
     shown = display_path(source)
     try:
         text = read_source(source, shown)
@@ -110,10 +113,31 @@ def convert_file(
         return Failed(source, exc.diagnostics)
 
 
+def check_file(
+    source: Path, output: Path, options: Options, explicit: bool
+) -> Outcome | None:
+    """`convert_file` for `--check`: an output whose header says it is what this source
+    and these options give (and whose body is what was written) is up to date without
+    converting; anything else is converted and compared."""
+    on_disk = _read_text(output)
+    if on_disk is not None:
+        shown = display_path(source)
+        try:
+            text = read_source(source, shown)
+        except TransformError as exc:
+            return Failed(source, exc.diagnostics)
+        if up_to_date(on_disk, shown, text, options.key()):
+            return Converted(source, output, on_disk)
+    return convert_file(source, output, options, explicit)
+
+
 def review_file(
     source: Path, output: Path, options: Options, explicit: bool
 ) -> Reviewed | Failed | None:
     """Review one file; None when a file found in a directory has no differentiators."""
+    from s2sgrad.pipeline import has_differentiators
+    from s2sgrad.review.model import review
+
     shown = display_path(source)
     try:
         text = read_source(source, shown)
@@ -217,7 +241,8 @@ def run_convert(args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     config = settings(args)
-    done = None if config is None else collect(args, config, convert_file)
+    handle = check_file if args.check and not args.diff else convert_file
+    done = None if config is None else collect(args, config, handle)
     if done is None:
         return EXIT_ERROR
     if args.stdout:
@@ -267,11 +292,15 @@ def run_review(args: argparse.Namespace) -> int:
     records = [record for outcome in reviewed for record in outcome.records]
     if args.html:
         title = ", ".join(display_path(o.source) for o in reviewed)
+        from s2sgrad.review.page import render_html
+
         write_atomic(Path(args.html), render_html(records, title))
         print(f"wrote {display_path(Path(args.html))}", file=sys.stderr)
         return EXIT_OK
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     width = shutil.get_terminal_size().columns
+    from s2sgrad.review.text import render_text
+
     sys.stdout.write(render_text(records, width, color))
     return EXIT_OK
 

@@ -137,3 +137,30 @@ def dotted(node: cst.CSTNode) -> bool:
     while isinstance(node, cst.Attribute):
         node = node.value
     return isinstance(node, cst.Name)
+
+
+class _Spelled(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.counts: dict[str, int] = {}
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+        self.counts[node.value] = self.counts.get(node.value, 0) + 1
+
+
+def spelled(*nodes: cst.CSTNode) -> set[str]:
+    """Every `Name` in the nodes, attribute names and keywords included: what
+    `m.findall(node, m.Name())` finds, at a fraction of its cost."""
+    visitor = _Spelled()
+    for node in nodes:
+        node.visit(visitor)
+    return visitor.names
+
+
+def name_counts(*nodes: cst.CSTNode) -> dict[str, int]:
+    """How many times each `Name` occurs in the nodes (as `spelled` finds them)."""
+    visitor = _Spelled()
+    for node in nodes:
+        node.visit(visitor)
+    return visitor.counts

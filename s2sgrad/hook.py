@@ -332,7 +332,7 @@ def _recorded_hash(grad: Path) -> str | None:
 def _text_hash(data: bytes) -> str:
     """Return the hash a generated header records for the source `data`."""
     try:
-        from s2sgrad.frontend import decode_source  # the engine loads only when needed
+        from s2sgrad.sources import decode_source
 
         return source_hash(decode_source(data, ""))
     except TransformError:
@@ -371,8 +371,8 @@ def build(job: Job) -> Built:
 def generate(job: Job) -> str:
     """Return the module text, by the code path of `s2sgrad convert`."""
     try:
-        from s2sgrad.frontend import decode_source
         from s2sgrad.pipeline import convert
+        from s2sgrad.sources import decode_source
 
         text = decode_source(job.data, job.origin.display_path)
         return convert(text, job.origin, job.options)

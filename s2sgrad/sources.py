@@ -1,12 +1,20 @@
 """Where a source file lives: its importable name and how it is shown.
 
-Light on purpose (no libcst, no black): the import hook asks these on every import.
+Light on purpose (no libcst, no black): the import hook asks these on every import, and
+`s2sgrad convert --check` reads sources with them before it knows it must convert.
 """
 
 from __future__ import annotations
 
+import codecs
 import os
+import re
 from pathlib import Path
+
+from s2sgrad.diagnostics import Diagnostic, TransformError
+from s2sgrad.lines import split_lines
+
+_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.MULTILINE)
 
 
 def module_name(path: Path) -> str:
@@ -22,3 +30,44 @@ def module_name(path: Path) -> str:
 def display_path(path: Path) -> str:
     """Return `path` relative to the working directory, with forward slashes."""
     return Path(os.path.relpath(path.resolve(), Path.cwd())).as_posix()
+
+
+def decode_source(data: bytes, path: str) -> str:
+    """Decode UTF-8 source bytes (a UTF-8 BOM is dropped), or raise S2S002.
+
+    The diagnostic points at the first invalid byte, counting columns in characters,
+    and shows its line with the undecodable bytes replaced by U+FFFD.
+    """
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = split_lines(data[: exc.start].decode("utf-8") + "\n")
+        line_start = exc.start - len(before[-1].encode("utf-8"))
+        text = split_lines(data[line_start:].decode("utf-8", errors="replace"))[0]
+        message = f"source is not valid UTF-8 (byte 0x{data[exc.start]:02x})"
+        diagnostic = Diagnostic(
+            "S2S002",
+            message,
+            path,
+            len(before),
+            len(before[-1]) + 1,
+            text,
+            _encoding_hint(data),
+        )
+        raise TransformError([diagnostic]) from None
+
+
+def _encoding_hint(data: bytes) -> str:
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "the file looks like UTF-16; save it as UTF-8"
+    cookie = _CODING.search(b"\n".join(data.splitlines()[:2]))
+    if cookie is not None:
+        declared = cookie.group(1).decode("ascii", errors="replace")
+        if declared.lower().replace("_", "-") not in ("utf-8", "utf8"):
+            return (
+                f"the file declares the encoding `{declared}`, but s2sgrad reads "
+                "only UTF-8: save it as UTF-8 and drop the coding line"
+            )
+    return "save the file as UTF-8"

@@ -209,3 +209,55 @@ def test_pre_commit_hooks_regenerate_and_check_serially():
         assert hook["pass_filenames"] is False
         assert hook["require_serial"] is True
         assert hook["language"] == "python"
+
+
+# -- the header fast path -------------------------------------------------------------
+
+NO_ENGINE = (
+    "import builtins\n"
+    "_real_import = builtins.__import__\n"
+    "def _guarded(name, *args, **kwargs):\n"
+    "    if name.split('.')[0] in ('libcst', 'black') or name.startswith('s2sgrad.pipeline'):\n"
+    "        raise ImportError('the engine was imported: ' + name)\n"
+    "    return _real_import(name, *args, **kwargs)\n"
+    "builtins.__import__ = _guarded\n"
+)
+
+
+def test_check_of_an_up_to_date_output_answers_from_its_header(project):
+    """Without libcst or black importable, an up-to-date output still checks clean."""
+    run = s2sgrad("convert", "--check", "pkg/square.py", cwd=project, prelude=NO_ENGINE)
+    assert run.returncode == 0, run.stderr
+    assert "1 output(s) up to date" in run.stderr
+
+
+def test_check_catches_a_hand_edit_of_the_body(project):
+    """The header's body digest: an edit below the header is stale, not up to date."""
+    out = project / "pkg" / "square_grad.py"
+    out.write_text(out.read_text().replace("2.0 * grad * x", "3.0 * grad * x"))
+    run = s2sgrad("convert", "--check", "pkg/square.py", cwd=project)
+    assert run.returncode == 1, run.stderr
+    assert "would update pkg/square_grad.py (stale)" in run.stderr
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["source", "options", "format", "header"],
+)
+def test_check_converts_when_the_header_does_not_match(project, change):
+    out = project / "pkg" / "square_grad.py"
+    text = out.read_text()
+    args = ["convert", "--check", "pkg/square.py"]
+    if change == "source":
+        (project / "pkg" / "square.py").write_text(SQUARE.replace("2.0", "2.00"))
+    elif change == "options":
+        args.append("--policy=first-order")
+    elif change == "format":
+        out.write_text(text.replace("# s2sgrad-format: ", "# s2sgrad-format: 1"))
+    else:
+        out.write_text("\n".join(text.split("\n")[3:]))
+    # The engine runs: with it forbidden, the check fails instead of answering.
+    blocked = s2sgrad(*args, cwd=project, prelude=NO_ENGINE)
+    assert blocked.returncode == 123, blocked.stderr
+    run = s2sgrad(*args, cwd=project)
+    assert run.returncode == 1, run.stderr

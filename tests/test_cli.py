@@ -115,9 +115,9 @@ def test_file_without_differentiators_exits_2(tmp_path):
 def test_internal_error_says_bug_and_writes_traceback(tmp_path):
     (tmp_path / "ops.py").write_text(GOOD)
     script = (
-        "import sys, s2sgrad.cli as cli\n"
+        "import sys, s2sgrad.cli as cli, s2sgrad.pipeline as pipeline\n"
         "def boom(*a, **k): raise KeyError('kaboom')\n"
-        "cli.convert = boom\n"
+        "pipeline.convert = boom\n"
         "sys.exit(cli.main(['convert', 'ops.py']))\n"
     )
     run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)

@@ -855,7 +855,7 @@ def _promoted(module, name, bound):
 def _differentiated_lines(text, name):
     match = re.search(rf"def {name}_backward\(.*?(?=\n(?:def|class) )", text, flags=re.S)
     assert match, f"no {name}_backward in the generated module"
-    return {int(n) for n in re.findall(r"# line (\d+):", match.group(0))}
+    return {int(n) for n in re.findall(r"# [Ll]ine (\d+):", match.group(0))}
 
 
 def corpus_rule_usage(generated):

@@ -97,3 +97,27 @@ def test_readme_example_is_the_golden_without_docstrings():
     for line in shown["AddMulFunction"].splitlines()[1:]:
         signature = line.split(": ...", 1)[0].strip()
         assert signature in golden["AddMulFunction"], signature
+
+
+GOLDENS = [p.with_name(f"{p.stem}_grad.py") for p in SOURCES]
+
+
+def test_goldens_pass_ruff_with_import_sorting(tmp_path):
+    """ruff's default rules plus `I`, whatever the project's own configuration says."""
+    run = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
+         "--select", "E4,E7,E9,F,I", *map(str, GOLDENS)],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_goldens_pass_mypy_strict(tmp_path):
+    """Generated code is typed; the user's own modules are followed silently."""
+    run = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
+         "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
+         *map(str, GOLDENS)],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr

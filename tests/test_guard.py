@@ -25,7 +25,11 @@ def test_sound_module_passes():
 )
 def test_broken_module_is_caught(text, why):
     with pytest.raises(GeneratedCodeError, match=why):
-        check_generated(text, 88)
+        check_generated(text, 88, fixed_point=True)
+
+
+def test_production_skips_the_second_formatting_pass():
+    check_generated("import torch\ndef f(x):  return x\n", 88)
 
 
 def test_guard_failure_exits_123_and_writes_nothing(tmp_path):

@@ -30,7 +30,7 @@ from s2sgrad.autodiff.vjp import (
     placeholder_version,
     slice_of,
 )
-from s2sgrad.cst import as_expression, as_statement, bound, code
+from s2sgrad.cst import as_expression, as_statement, bound, code, spelled
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import (
     METADATA_ATTRIBUTES,
@@ -197,6 +197,7 @@ class Planner:
         self.lifted = lifted
         self.diff = lifted.source
         self.policy = self.diff.pragmas.get("policy", options.policy)
+        self.line_length = options.line_length
         self.source = split_lines(source)
         self.program: Program = build(self.diff, self.diff.statement_lines, self.facts)
         self.shapes = shape_facts(self.program, self.diff.qualified_names)
@@ -276,6 +277,7 @@ class Planner:
             self.siblings,
             self.facts,
             self.shapes,
+            self.line_length,
         )
         if not temps:
             return _Attempt(generator, set(), [])
@@ -357,15 +359,14 @@ class Planner:
         plan = self._recompute(recompute, entries, ctx, names)
         fixed = set(results) | {k for _, k in incoming}
         starting = set(attempt.generator.accumulators.values()) - fixed
-        blocks = simplify(blocks, starting)
-        used = {
-            n.value
-            for b in blocks
-            for n in m.findall(b, m.Name())
-            if isinstance(n, cst.Name)
-        }
+        blocks = simplify(blocks, starting, fixed)
+        used = spelled(*blocks)
         inits = tuple(sorted(name for name in starting if name in used))
         gradients = Gradients(incoming, tuple(results), tuple(blocks), inits, plan)
+        # What the rules read and the simplifier folded away (`x.dim()` for a rank
+        # test that a literal settled) does not travel.
+        read = spelled(*blocks, backward_body) | set(plan.args if plan else ())
+        entries = [s for s in entries if s.promoted or s.name in read]
         # A sub-expression named for its shape alone is not needed once that shape is
         # read off a saved tensor of the same shape.
         kept = (
@@ -739,7 +740,7 @@ def _assigns(steps: Sequence[Step]) -> list[Assign]:
 
 
 def _names_read(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+    return spelled(node)
 
 
 def _replay(

@@ -65,6 +65,10 @@ _SHAPE_KEEPING = frozenset(
 _REDUCTIONS = frozenset(
     {"sum", "mean", "amax", "amin", "var", "std", "logsumexp", "norm", "prod"}
 )
+#: Where dim and keepdim stand among a reduction's positional operands (the tensor
+#: first): `x.var(dim, unbiased, keepdim)`, `x.norm(p, dim, keepdim)`; others take
+#: `(dim, keepdim)`.
+_POSITIONS = {"var": (1, 3), "std": (1, 3), "norm": (2, 3)}
 _ELEMENTWISE = (
     cst.Add,
     cst.Subtract,
@@ -243,18 +247,26 @@ def _reduction(
     facts: ShapeFacts,
     qualified: Mapping[cst.CSTNode, str],
 ) -> int | None:
-    """`x.mean(-1, keepdim=True)`: a class that broadcasts into x's."""
+    """`x.mean(-1, keepdim=True)`: a class that broadcasts into x's, shared by the
+    reductions of x over the same literal dims (over dims known only at run time, a
+    class of its own)."""
+    method = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
+    dim_at, keep_at = _POSITIONS.get(method, (1, 2))
     keyword = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
     keep = keyword.get("keepdim")
-    dims = keyword.get("dim", operands[1] if len(operands) > 1 else None)
-    if len(operands) > 2 and keep is None:
-        keep = operands[2]
+    dims = keyword.get("dim", operands[dim_at] if len(operands) > dim_at else None)
+    if len(operands) > keep_at and keep is None:
+        keep = operands[keep_at]
     if not (isinstance(keep, cst.Name) and keep.value == "True") or dims is None:
         return None
     literal = _dims(dims)
     base = class_of(operands[0], env, facts, qualified)
-    if literal is None or base is None:
+    if base is None:
         return None
+    if literal is None:
+        own = facts.fresh()
+        facts.into[own] = base
+        return own
     key = (base, literal)
     if key not in facts.reductions:
         facts.reductions[key] = facts.fresh()

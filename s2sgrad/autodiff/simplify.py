@@ -10,7 +10,10 @@ their transforms:
   expressions they decide;
 - `first_contributions`: `acc = _accumulate(acc, e)` where `acc` is still None is
   `acc = e`;
-- `merge_repeats`: the same contribution added twice in a row is added once, doubled.
+- `merge_repeats`: the same contribution added twice in a row is added once, doubled;
+- `forward_copies`: `t = e` then `acc = t` (nothing else reads `t`) is `acc = e`;
+- `propagate_copies`: `a = b` is dropped and `a` read as `b`, where `a` is bound there
+  only and `b` is not rebound after it.
 
 Shape facts (no-op `sum_to_size`, shapes read off saved tensors) are applied where the
 facts are known, while the rules are inlined (`vjp.py`, `plan.py`).
@@ -21,22 +24,26 @@ from __future__ import annotations
 import ast
 import operator
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import libcst as cst
 import libcst.matchers as m
 
-from s2sgrad.cst import as_expression, as_statement, statements
+from s2sgrad.cst import as_expression, as_statement, name_counts, spelled, statements
 
 ACCUMULATE = "_accumulate"
 
 
 def simplify(
-    blocks: Sequence[cst.BaseStatement], none: set[str]
+    blocks: Sequence[cst.BaseStatement],
+    none: set[str],
+    keep: Collection[str] = (),
 ) -> list[cst.BaseStatement]:
-    """Apply every rewrite to the blocks; `none` are the accumulators still None."""
+    """Apply every rewrite to the blocks; `none` are the accumulators still None,
+    `keep` the names read after the blocks (results, keyword parameters)."""
     folded = [s for block in blocks for s in fold(block)]
-    return forward_copies(first_contributions(merge_repeats(folded), set(none)))
+    merged = first_contributions(merge_repeats(folded), set(none))
+    return propagate_copies(forward_copies(merged, keep), keep)
 
 
 # -- fold -----------------------------------------------------------------------------
@@ -263,13 +270,8 @@ def first_contributions(
 
 
 def _assigned(node: cst.CSTNode) -> set[str]:
-    names = set()
-    for target in m.findall(node, m.AssignTarget()):
-        assert isinstance(target, cst.AssignTarget)
-        for name in m.findall(target, m.Name()):
-            assert isinstance(name, cst.Name)
-            names.add(name.value)
-    return names
+    targets = m.findall(node, m.AssignTarget())
+    return spelled(*targets) if targets else set()
 
 
 # -- repeated contributions -----------------------------------------------------------
@@ -293,6 +295,7 @@ def merge_repeats(body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
             and found is not None
             and previous[0] == found[0]
             and code(previous[1]) == code(found[1])
+            and not _reads(found[1], found[0])  # the second would see the first
         ):
             doubled = cst.BinaryOperation(
                 cst.Float("2.0"), cst.Multiply(), _parenthesized(found[1])
@@ -308,6 +311,10 @@ def merge_repeats(body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
             continue
         out.append(statement)
     return out
+
+
+def _reads(node: cst.CSTNode, name: str) -> bool:
+    return bool(m.findall(node, m.Name(name)))
 
 
 def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -326,13 +333,14 @@ _COPY = m.SimpleStatementLine(
 )
 
 
-def forward_copies(body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """`t = e` then `acc = t`, where nothing else reads `t`, is `acc = e`."""
-    reads: dict[str, int] = {}
-    for statement in body:
-        for name in m.findall(statement, m.Name()):
-            assert isinstance(name, cst.Name)
-            reads[name.value] = reads.get(name.value, 0) + 1
+def forward_copies(
+    body: Sequence[cst.BaseStatement], keep: Collection[str] = ()
+) -> list[cst.BaseStatement]:
+    """`t = e` then `acc = t`, where nothing else reads `t`, is `acc = e`; `keep` are
+    names read after `body`, never dropped."""
+    reads = name_counts(*body)
+    for name in keep:
+        reads[name] = reads.get(name, 0) + 1
     return _copies(body, reads)
 
 
@@ -373,3 +381,75 @@ def _copies(
                 continue
         out.append(statement)
     return out
+
+
+# -- copy propagation -----------------------------------------------------------------
+
+
+def propagate_copies(
+    body: Sequence[cst.BaseStatement], keep: Collection[str] = ()
+) -> list[cst.BaseStatement]:
+    """`a = b` (two names) is dropped and the rest of its block reads `b` for `a`, where
+    `a` is bound by that statement only, is read nowhere but later in the same block,
+    and `b` is bound nowhere after it; `keep` are names read after `body`."""
+    everywhere = name_counts(*body)
+    return _propagate(list(body), everywhere, set(keep))
+
+
+def _propagate(
+    body: list[cst.BaseStatement], everywhere: dict[str, int], keep: set[str]
+) -> list[cst.BaseStatement]:
+    out: list[cst.BaseStatement] = []
+    k = 0
+    while k < len(body):
+        statement = body[k]
+        if isinstance(statement, cst.If) and statement.orelse is None:
+            inner = _propagate(statements(statement.body), everywhere, keep)
+            statement = statement.with_changes(
+                body=statement.body.with_changes(body=inner)
+            )
+        rest = body[k + 1 :]
+        if m.matches(statement, _COPY) and rest:
+            assert isinstance(statement, cst.SimpleStatementLine)
+            assign = statement.body[0]
+            assert isinstance(assign, cst.Assign)
+            target, value = assign.targets[0].target, assign.value
+            assert isinstance(target, cst.Name) and isinstance(value, cst.Name)
+            later = name_counts(*rest)
+            if (
+                target.value not in keep
+                and target.value != value.value
+                and everywhere.get(target.value, 0) == 1 + later.get(target.value, 0)
+                and target.value not in _assigned_in(rest)
+                and value.value not in _assigned_in(rest)
+            ):
+                swap = {target.value: value}
+                body = [
+                    *body[: k + 1],
+                    *(as_statement(s.visit(_Rename(swap))) for s in rest),
+                ]
+                k += 1
+                continue
+        out.append(statement)
+        k += 1
+    return out
+
+
+def _assigned_in(body: Sequence[cst.BaseStatement]) -> set[str]:
+    return set().union(*(_assigned(s) for s in body)) if body else set()
+
+
+class _Rename(cst.CSTTransformer):
+    def __init__(self, swap: dict[str, cst.Name]) -> None:
+        self.swap = swap
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        return self.swap.get(updated_node.value, updated_node)
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.Attribute:
+        return updated_node.with_changes(attr=original_node.attr)
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)

@@ -22,7 +22,7 @@ from s2sgrad.autodiff.inline import inline, parenthesize, rule_reads
 from s2sgrad.autodiff.program import Assign, Branch, Opaque, Program, Step, Version
 from s2sgrad.autodiff.registry import Registry, Rule
 from s2sgrad.autodiff.shapes import ShapeFacts, class_of
-from s2sgrad.cst import NameRewriter, as_expression, dotted
+from s2sgrad.cst import NameRewriter, as_expression, dotted, spelled
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.names import NameAllocator
 from s2sgrad.values import SEQ, UNKNOWN, Evaluator, ModuleFacts, Value
@@ -114,9 +114,8 @@ def _slice(steps: list[Step], needed: set[int]) -> None:
 
 def _diff_reads(node: cst.BaseExpression, env: Mapping[str, Version]) -> list[Version]:
     found = []
-    for name in m.findall(node, m.Name()):
-        assert isinstance(name, cst.Name)
-        version = env.get(name.value)
+    for name in sorted(spelled(node)):
+        version = env.get(name)
         if version is not None and version.value.diff:
             found.append(version)
     return found
@@ -150,10 +149,12 @@ class Generator:
         siblings: Mapping[str, Sibling] | None = None,
         facts: ModuleFacts | None = None,
         shapes: ShapeFacts | None = None,
+        line_length: int = 88,
     ) -> None:
         self.siblings = siblings or {}
         self.module = facts or ModuleFacts()
         self.facts = shapes
+        self.line_length = line_length
         self.diff = diff
         self.program = program
         self.registry = registry
@@ -232,12 +233,16 @@ class Generator:
             if 0 < step.line <= len(self.source)
             else ""
         )
-        comment = cst.TrailingWhitespace(
-            whitespace=cst.SimpleWhitespace("  "),
-            comment=cst.Comment(f"# line {step.line}: {text}"),
-        )
+        note = f"# line {step.line}: {text}"
         test = cst.parse_expression(f"{acc.value} is not None")
-        return [cst.If(test=test, body=cst.IndentedBlock(body, header=comment))]
+        if len(f"    if {acc.value} is not None:  {note}") <= self.line_length:
+            comment = cst.TrailingWhitespace(
+                cst.SimpleWhitespace("  "), cst.Comment(note)
+            )
+            return [cst.If(test=test, body=cst.IndentedBlock(body, header=comment))]
+        # On its own line: black would wrap the test to make room for a long comment.
+        own = cst.EmptyLine(comment=cst.Comment("# L" + note[3:]))
+        return [cst.If(test=test, body=cst.IndentedBlock(body), leading_lines=[own])]
 
     # -- expressions -----------------------------------------------------------------
     def value(self, node: cst.BaseExpression, env: Mapping[str, Version]) -> Value:
@@ -289,7 +294,9 @@ class Generator:
             assert entry is not None
             arg = args[rule.params[i]]
             if pointwise:
-                entry = self._unbroadcast(node, arg, entry, env)
+                entry = self._unbroadcast(
+                    node, arg, converted[rule.params[i]], entry, env
+                )
             self.operand(arg, entry, env, body, line, rule.name.rstrip("_"))
 
     def _pointwise(self, node: cst.BaseExpression) -> bool:
@@ -305,25 +312,29 @@ class Generator:
         self,
         node: cst.BaseExpression,
         arg: cst.BaseExpression,
+        converted: cst.BaseExpression,
         entry: cst.BaseExpression,
         env: Mapping[str, Version],
     ) -> cst.BaseExpression:
-        """Drop `(e).sum_to_size(x.shape)` where the result has x's shape already."""
-        if self.facts is None or not isinstance(arg, cst.Name):
+        """Drop `(e).sum_to_size(x.shape)` where the result has the shape of the
+        operand `x` (a name or a sub-expression, `converted` as the rule reads it)."""
+        if self.facts is None:
             return entry
-        version = env.get(arg.value)
-        out = class_of(node, env, self.facts, self.diff.qualified_names)
-        if version is None or out is None or self.facts.of(version) != out:
+        qualified = self.diff.qualified_names
+        out = class_of(node, env, self.facts, qualified)
+        if out is None or class_of(arg, env, self.facts, qualified) != out:
             return entry
-        target = m.Attribute(
-            value=m.Name(placeholder(version).value), attr=m.Name("shape")
-        )
         pattern = m.Call(
-            func=m.Attribute(attr=m.Name("sum_to_size")), args=[m.Arg(value=target)]
+            func=m.Attribute(attr=m.Name("sum_to_size")),
+            args=[m.Arg(value=m.Attribute(attr=m.Name("shape")))],
         )
         if not m.matches(entry, pattern):
             return entry
         assert isinstance(entry, cst.Call) and isinstance(entry.func, cst.Attribute)
+        shape = entry.args[0].value
+        assert isinstance(shape, cst.Attribute)
+        if not shape.value.deep_equals(converted):
+            return entry
         inner = entry.func.value
         return inner.with_changes(lpar=[], rpar=[]) if inner.lpar else inner
 

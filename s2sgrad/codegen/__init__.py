@@ -7,6 +7,8 @@ text is a pure function of those inputs: no timestamps, absolute paths or set or
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -88,9 +90,10 @@ def generate(
     }
     for item in lifted:
         body += emit(item, origin.display_path, siblings, taken, options.line_length)
-    aliases, read = _aliases(body)
+    code = module(body).code
+    aliases, read = _aliases(code)
     imports = _imports(parsed, lifted, origin, used, read)
-    code = module(aliases).code + "\n\n" + module(body).code
+    code = aliases + "\n\n" + code
     formatted = format_code("\n".join(imports) + "\n" + code, options.line_length)
     text = (
         header(origin.display_path, parsed.source, options.key(), formatted) + formatted
@@ -99,24 +102,19 @@ def generate(
     return text
 
 
-def _aliases(
-    body: list[cst.BaseStatement],
-) -> tuple[list[cst.BaseStatement], set[str]]:
+def _aliases(code: str) -> tuple[str, set[str]]:
     """The type aliases (types.ALIASES) that the module's code uses, defined; and every
-    name the code (aliases included) reads."""
-    read = {
-        n.value for n in m.findall(module(body), m.Name()) if isinstance(n, cst.Name)
-    }
+    name the code (aliases included) reads. Read with `ast`: a libcst visit of the
+    whole generated module would cost more than generating it."""
+    read = {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name)}
     lines = [
         f"{name} = {meaning}  # {note}\n"
         for name, (meaning, note) in types.ALIASES.items()
         if name in read
     ]
-    if not lines:
-        return [], read
-    aliases: list[cst.BaseStatement] = list(cst.parse_module("".join(lines)).body)
+    aliases = "".join(lines)
     return aliases, read | {
-        n.value for n in m.findall(module(aliases), m.Name()) if isinstance(n, cst.Name)
+        n.id for n in ast.walk(ast.parse(aliases)) if isinstance(n, ast.Name)
     }
 
 

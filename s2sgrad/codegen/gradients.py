@@ -17,7 +17,7 @@ import libcst.matchers as m
 
 from s2sgrad.codegen import types
 from s2sgrad.codegen.slicing import slice_closure
-from s2sgrad.cst import module, statements
+from s2sgrad.cst import module, spelled, statements
 from s2sgrad.lift import Lifted, Recompute
 from s2sgrad.names import NameAllocator
 
@@ -88,12 +88,19 @@ def backward_body(lifted: Lifted, line_length: int = 88) -> BackwardBody:
     # The Function materializes the missing ones when any gradient arrives: the
     # closure runs with all of them, or with none.
     test = " and ".join(f"{g} is not None" for g in diff.grad_params)
-    comment = cst.TrailingWhitespace(
-        whitespace=cst.SimpleWhitespace("  "),
-        comment=cst.Comment(f"# the closure `{diff.backward.name.value}`, as written"),
-    )
-    block = cst.IndentedBlock(closure, header=comment)
-    body.append(cst.If(cst.parse_expression(test), block))
+    note = f"# the closure `{diff.backward.name.value}`, as written"
+    if len(f"    if {test}:  {note}") <= line_length:
+        trailing = cst.TrailingWhitespace(cst.SimpleWhitespace("  "), cst.Comment(note))
+        guard = cst.If(
+            cst.parse_expression(test), cst.IndentedBlock(closure, header=trailing)
+        )
+    else:  # on its own line, or black would wrap the test to make room for it
+        guard = cst.If(
+            cst.parse_expression(test),
+            cst.IndentedBlock(closure),
+            leading_lines=[cst.EmptyLine(comment=cst.Comment("# T" + note[3:]))],
+        )
+    body.append(guard)
     if grads.inits:
         body.append(cst.parse_statement(f"{' = '.join(grads.inits)} = None\n"))
     body += list(grads.blocks)
@@ -106,7 +113,7 @@ def backward_body(lifted: Lifted, line_length: int = 88) -> BackwardBody:
 
 
 def _names(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+    return spelled(node)
 
 
 def _closure_part(

@@ -1,7 +1,8 @@
 """Frontend: source text to checked `Differentiator` records (see `parse`)."""
 
 from s2sgrad.frontend.model import Capture, Differentiator, Param, ParsedModule, Use
-from s2sgrad.frontend.parse import decode_source, parse
+from s2sgrad.frontend.parse import parse
+from s2sgrad.sources import decode_source
 
 __all__ = [
     "Capture",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from s2sgrad.cst import spelled
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.locate import Locator
 
@@ -757,7 +758,7 @@ def check_sibling_closures(
     orders flow through `g_forward`. A closure kept in a name or captured from forward
     would be `g_forward`'s context tuple in the generated code, so it is rejected here.
     """
-    if not siblings:
+    if not siblings or not (spelled(forward) & siblings):
         return []
     sibling = m.Call(func=m.Name(m.MatchIfTrue(lambda n: n in siblings)))
     closure = _second_of(sibling)

@@ -10,7 +10,6 @@ libcst analysis then costs time in the size of the differentiators, not of the m
 from __future__ import annotations
 
 import ast
-import codecs
 import difflib
 import re
 import warnings
@@ -41,48 +40,6 @@ _PRAGMA_START = re.compile(r"#\s*s2sgrad\s*:(.*)$")
 _PRAGMA_PAIR = re.compile(r"([A-Za-z_][\w-]*)\s*=\s*([\w.-]+)")
 #: Pragma keys and the values each one takes.
 PRAGMAS: dict[str, tuple[str, ...]] = {"policy": get_args(Policy)}
-_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.MULTILINE)
-
-
-def decode_source(data: bytes, path: str) -> str:
-    """Decode UTF-8 source bytes (a UTF-8 BOM is dropped), or raise S2S002.
-
-    The diagnostic points at the first invalid byte, counting columns in characters,
-    and shows its line with the undecodable bytes replaced by U+FFFD.
-    """
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8) :]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        before = split_lines(data[: exc.start].decode("utf-8") + "\n")
-        line_start = exc.start - len(before[-1].encode("utf-8"))
-        text = split_lines(data[line_start:].decode("utf-8", errors="replace"))[0]
-        message = f"source is not valid UTF-8 (byte 0x{data[exc.start]:02x})"
-        diagnostic = Diagnostic(
-            "S2S002",
-            message,
-            path,
-            len(before),
-            len(before[-1]) + 1,
-            text,
-            _encoding_hint(data),
-        )
-        raise TransformError([diagnostic]) from None
-
-
-def _encoding_hint(data: bytes) -> str:
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return "the file looks like UTF-16; save it as UTF-8"
-    cookie = _CODING.search(b"\n".join(data.splitlines()[:2]))
-    if cookie is not None:
-        declared = cookie.group(1).decode("ascii", errors="replace")
-        if declared.lower().replace("_", "-") not in ("utf-8", "utf8"):
-            return (
-                f"the file declares the encoding `{declared}`, but s2sgrad reads "
-                "only UTF-8: save it as UTF-8 and drop the coding line"
-            )
-    return "save the file as UTF-8"
 
 
 def check_syntax(source: str, path: str) -> ast.Module:

@@ -1,0 +1,103 @@
+"""The generated `_apply`: Function.apply without its per-call signature binding.
+
+It reaches into private torch API (`_FunctionBase.apply`), so each of its paths is
+pinned here: the fast path where it is safe, `Function.apply` under torch.func
+transforms and torch.compile, and `Function.apply` when the private piece is missing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from s2sgrad import transform
+
+SOURCE = '''
+import torch
+
+
+def scale_add(x: torch.Tensor, y: torch.Tensor, alpha: float = 2.0):
+    t = x * y
+    def backward(g):
+        return g * y * alpha + g, g * x * alpha, None
+    return t * alpha + x, backward
+'''
+
+
+@pytest.fixture
+def generated():
+    namespace: dict[str, object] = {}
+    exec(compile(transform(SOURCE, "t.py"), "<generated>", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+class _Counted:
+    """Count calls of `Function.apply` on one Function class."""
+
+    def __init__(self, monkeypatch, function):
+        self.calls = 0
+        original = function.apply
+
+        def apply(*args):
+            self.calls += 1
+            return original(*args)
+
+        monkeypatch.setattr(function, "apply", apply)
+
+
+def _inputs():
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    return x, y
+
+
+def _reference(x, y):
+    return (x * y) * 3.0 + x
+
+
+def test_fast_path_skips_function_apply_and_keeps_every_order(generated, monkeypatch):
+    assert generated["_base_apply"] is not None
+    counted = _Counted(monkeypatch, generated["ScaleAddFunction"])
+    x, y = _inputs()
+    out = generated["scale_add"](x, y, 3.0)
+    assert counted.calls == 0
+    torch.testing.assert_close(out, _reference(x, y))
+    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    (gy,) = torch.autograd.grad(gx.sum(), y)
+    torch.testing.assert_close(gy, torch.full_like(y, 3.0))
+
+
+def test_without_the_private_api_it_is_function_apply(generated, monkeypatch):
+    monkeypatch.setitem(generated, "_base_apply", None)
+    counted = _Counted(monkeypatch, generated["ScaleAddFunction"])
+    x, y = _inputs()
+    op = generated["scale_add"]
+    assert torch.autograd.gradcheck(lambda a, b: op(a, b, 3.0), (x, y))
+    assert torch.autograd.gradgradcheck(lambda a, b: op(a, b, 3.0), (x, y))
+    assert counted.calls > 0
+
+
+def test_under_torch_func_transforms_it_is_function_apply(generated, monkeypatch):
+    counted = _Counted(monkeypatch, generated["ScaleAddFunction"])
+    op = generated["scale_add"]
+    x, y = (t.detach() for t in _inputs())
+    grad_x = torch.func.grad(lambda a: op(a, y, 3.0).sum())(x)
+    torch.testing.assert_close(grad_x, 3.0 * y + 1)
+    assert counted.calls > 0
+    counted.calls = 0
+    batched = torch.func.vmap(lambda a: op(a, y[0], 3.0))(x)
+    torch.testing.assert_close(batched, _reference(x, y[0]))
+    assert counted.calls > 0
+
+
+def test_under_torch_compile_it_is_function_apply(generated):
+    op = generated["scale_add"]
+    x, y = _inputs()
+    compiled = torch.compile(
+        lambda a, b: op(a, b, 3.0), backend="eager", fullgraph=True
+    )
+    out = compiled(x, y)
+    torch.testing.assert_close(out, _reference(x, y))
+    gx, gy = torch.autograd.grad(out.sum(), (x, y))
+    torch.testing.assert_close(gx, 3.0 * y + 1)
+    torch.testing.assert_close(gy, 3.0 * x)
