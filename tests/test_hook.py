@@ -47,6 +47,7 @@ STUB_TORCH = {
     ),
     "torch/autograd/__init__.py": "class Function:\n    pass\n",
     "torch/autograd/function.py": "def once_differentiable(fn):\n    return fn\n",
+    "torch/autograd/forward_ad.py": "_current_level = -1\nunpack_dual = make_dual = None\n",
 }
 
 ENTRY = f"__pycache__/ops_grad.{sys.implementation.cache_tag}.s2sgrad"

@@ -68,7 +68,7 @@ def total(x, y):
     ]
     text = transform(source, "t.py")
     assert "grad.expand(y_shape) * y_shape[0] / y_numel" in text
-    assert "save_for_backward" not in text
+    assert "save_for_backward" not in text.split("# The s2sgrad runtime")[0]
     ns, _ = namespace(source)
     x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
     y = torch.randn(4, dtype=torch.float64, requires_grad=True)

@@ -48,25 +48,156 @@ def _accumulate(total: Any, grad: Any) -> Any:
     return total + grad
 '''.lstrip()
 
-#: `Function.apply` binds `inspect.signature(forward)` on every call, which costs more
-#: than a small op; outside torch.func transforms and torch.compile its C++ base does
-#: the same work without it. Private torch API, so it falls back to `apply` when any
-#: piece is gone.
-_APPLY = '''
-try:  # private torch API: Function.apply without its per-call signature binding
+#: The runtime every generated module carries (after its ops: a reader starts with the
+#: differentiators). `Function.apply` binds `inspect.signature(forward)` on every call,
+#: which costs more than a small op; outside torch.func transforms, forward mode and
+#: torch.compile its C++ base does the same work without it. Where a torch.func
+#: transform or a `forward_ad` dual level may ask for tangents, the op runs a subclass
+#: of its Function with a `jvp`: torch's own forward mode through the Function's
+#: `forward`, that is through the closure's forward statements. The Function itself has
+#: no `jvp`, because torch.compile traces no custom `jvp`. Private torch API is read in
+#: one place and falls back to `Function.apply` when any piece is gone.
+RUNTIME = '''
+# The s2sgrad runtime, the same in every generated module: Function.apply with forward
+# mode (jvp) where torch.func or forward_ad may ask for it, and without the per-call
+# signature binding elsewhere.
+
+try:  # private torch API; another torch takes Function.apply as is
     from torch._C import _are_functorch_transforms_active as _transforms_active
+    from torch._C._functorch import get_interpreter_stack as _interpreters
     from torch._functorch.utils import unwrap_dead_wrappers as _unwrap
+    from torch.autograd.forward_ad import _set_fwd_grad_enabled
 
     _base_apply: Any = torch._C._FunctionBase.__dict__["apply"]
-except (ImportError, AttributeError, KeyError):  # another torch: Function.apply as is
+except (ImportError, AttributeError, KeyError):
     _base_apply = None
+_JVP = "s2sgrad jvp"  # the ctx attribute of forward mode, no name of the user's
+_unpack_dual: Any = forward_ad.unpack_dual
 
 
 def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
-    """`function.apply(*args)`, without the signature binding where that is safe."""
-    if _base_apply is None or _transforms_active() or torch.compiler.is_compiling():
+    """`function.apply(*args)`, with a `jvp` where forward mode may ask for one."""
+    if torch.compiler.is_compiling():  # which traces no custom jvp
         return function.apply(*args)  # type: ignore[no-untyped-call]
+    level = getattr(forward_ad, "_current_level", 0)
+    if _base_apply is not None and _transforms_active() and _jvp_over_jvp(function):
+        return function.forward(*args)  # forward mode only: the forward's own code
+    if _base_apply is None or _transforms_active() or level >= 0:
+        return _with_jvp(function).apply(*args)
     return _base_apply.__get__(None, function)(*_unwrap(args))
+
+
+def _jvp_over_jvp(function: type[torch.autograd.Function]) -> bool:
+    """Tell whether torch.func nests forward mode in forward mode here. torch does not
+    differentiate a Function's `jvp`, so that would lose the second-order tangents:
+    without reverse mode the op runs its forward's own code, with it this is an error."""
+    keys = [str(i.key()) for i in _interpreters() or ()]
+    if keys.count("TransformType.Jvp") < 2:
+        return False
+    if "TransformType.Grad" in keys:
+        raise NotImplementedError(
+            f"`{function.__name__}`: torch.func forward mode over forward mode with "
+            "reverse mode beside it (jacfwd over jacfwd over grad, say) would lose "
+            "second-order tangents of a custom Function; use jacfwd over jacrev"
+        )
+    return True
+
+
+@functools.cache
+def _with_jvp(function: type[torch.autograd.Function]) -> Any:
+    """`function` with a `jvp`. Its input tensors are saved after what its backward
+    reads, for backward and forward alike (torch.func tracks one set)."""
+
+    def setup_context(ctx: Any, inputs: Context, output: Any) -> None:
+        function.setup_context(kept := _Kept(ctx), inputs, output)
+        where = [i for i, x in enumerate(inputs) if isinstance(x, Tensor)]
+        tensors = [*kept.saved, *(inputs[i] for i in where)]
+        ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
+        rest = [None if i in where else x for i, x in enumerate(inputs)]
+        setattr(ctx, _JVP, (len(kept.saved), where, rest))
+
+    def backward(ctx: Any, *grads: Grad) -> Any:
+        return function.backward(_Kept(ctx), *grads)
+
+    def jvp(ctx: Any, *tangents: Grad) -> Any:
+        start, where, inputs = getattr(ctx, _JVP)
+        for i, tensor in zip(where, ctx.saved_tensors[start:], strict=True):
+            inputs[i] = tensor
+        return _jvp(function.forward, inputs, tangents)
+
+    own: dict[str, Any] = {"setup_context": setup_context, "backward": backward}
+    own["jvp"] = jvp
+    return type(function.__name__, (function,), {k: staticmethod(v) for k, v in own.items()})
+
+
+class _Kept:
+    """The ctx that a Function's own methods see: their saved tensors only."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.__dict__.update(ctx=ctx, saved=())
+
+    def save_for_backward(self, *tensors: Tensor) -> None:
+        self.__dict__["saved"] = tensors
+
+    @property
+    def saved_tensors(self) -> Any:
+        return self.ctx.saved_tensors[: getattr(self.ctx, _JVP)[0]]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ctx, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.ctx, name, value)
+
+
+def _jvp(forward: Any, inputs: list[Any], tangents: tuple[Grad, ...]) -> Any:
+    """The tangents of `forward(*inputs)`: torch's forward mode through its code."""
+    wrt = [i for i, tangent in enumerate(tangents) if tangent is not None]
+    result: list[Any] = []
+
+    def run(*values: Tensor) -> list[Tensor]:
+        for i, value in zip(wrt, values):
+            inputs[i] = value
+        result[:] = [forward(*inputs)]
+        return [o for o in _outputs(result[0]) if _differentiable(o)]
+
+    tangent = [tangents[i] for i in wrt]
+    try:
+        if _base_apply is not None and not _transforms_active():  # forward_ad
+            with _set_fwd_grad_enabled(True):  # at its one dual level: no nesting
+                primal = [_unpack_dual(inputs[i]).primal for i in wrt]
+                found = run(*map(forward_ad.make_dual, primal, tangent))
+                found = [_unpack_dual(o).tangent for o in found]
+        else:  # torch.func transforms nest their own levels
+            primal = [inputs[i] for i in wrt]
+            found = torch.func.jvp(run, tuple(primal), tuple(tangent))[1]
+    except NotImplementedError as error:  # an op without a forward-mode formula
+        raise _no_jvp(error) from error
+    out = iter(found)
+    out_tangents = [next(out) if _differentiable(o) else None for o in _outputs(result[0])]
+    return tuple(out_tangents) if isinstance(result[0], tuple) else out_tangents[0]
+
+
+def _outputs(result: Any) -> tuple[Any, ...]:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def _differentiable(value: Any) -> bool:
+    return isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex())
+
+
+def _no_jvp(error: NotImplementedError) -> NotImplementedError:
+    """`error`, naming the forward statement that ran the op."""
+    here = _jvp.__code__.co_filename
+    tb = traceback.walk_tb(error.__traceback__)
+    frame, line = [(f, n) for f, n in tb if f.f_code.co_filename == here][-1]
+    statement = linecache.getline(here, line).strip() or f"line {line}"
+    return NotImplementedError(
+        f"forward mode (jvp) through `{frame.f_code.co_name}` ({here}:{line}): "
+        f"`{statement}` runs a torch op without a forward-mode derivative. "
+        + str(error).splitlines()[0]
+    )
 '''.lstrip()
 
 
@@ -77,7 +208,7 @@ def generate(
     _check_collisions(parsed, lifted)
     siblings = {item.source.name for item in lifted}
     used = [n for item in lifted for n in item.source.globals_used if n not in siblings]
-    body: list[cst.BaseStatement] = list(cst.parse_module(_APPLY).body)
+    body: list[cst.BaseStatement] = []
     if any(item.gradients and item.gradients.blocks for item in lifted):
         lists = any(
             param_value(p).tensor_list for item in lifted for p in item.source.params
@@ -90,7 +221,7 @@ def generate(
     }
     for item in lifted:
         body += emit(item, origin.display_path, siblings, taken, options.line_length)
-    code = module(body).code
+    code = module(body).code + "\n\n" + RUNTIME
     aliases, read = _aliases(code)
     imports = _imports(parsed, lifted, origin, used, read)
     code = aliases + "\n\n" + code
@@ -126,7 +257,13 @@ def _imports(
     read: set[str],
 ) -> list[str]:
     """The import lines: what the differentiators use, and what generated code reads."""
-    extra = ["from typing import Any, cast"]
+    extra = [
+        "from typing import Any, cast",
+        "import functools",
+        "import linecache",
+        "import traceback",
+        "from torch.autograd import forward_ad",
+    ]
     if types.TENSOR in read:
         extra.append(f"from torch import {types.TENSOR}")
     if any(item.once_differentiable for item in lifted):
@@ -189,7 +326,18 @@ _OWN_NAMES = (
     "_apply",
     "_base_apply",
     "_transforms_active",
+    "_interpreters",
     "_unwrap",
+    "_set_fwd_grad_enabled",
+    "_with_jvp",
+    "_jvp_over_jvp",
+    "_Kept",
+    "_jvp",
+    "_JVP",
+    "_unpack_dual",
+    "_outputs",
+    "_differentiable",
+    "_no_jvp",
     "_accumulate",
     "_save",
     "_saved",
@@ -202,6 +350,10 @@ _IMPORTED = {
     "cast": "from typing import cast",
     types.TENSOR: f"from torch import {types.TENSOR}",
     "once_differentiable": "from torch.autograd.function import once_differentiable",
+    "functools": "import functools",
+    "linecache": "import linecache",
+    "traceback": "import traceback",
+    "forward_ad": "from torch.autograd import forward_ad",
 }
 
 
