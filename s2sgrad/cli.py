@@ -1,11 +1,13 @@
-"""The command line: `s2sgrad convert PATH... [-o DIR] [--check] [--diff] [--stdout]`,
-`s2sgrad review PATH... [--html FILE]`.
+"""The command line: `s2sgrad convert PATH... [-o DIR] [--check] [--diff] [--stdout]`
+(`convert -` filters standard input to standard output), `s2sgrad review PATH...
+[--html FILE]`, `s2sgrad check PATH... [--order N]`, `s2sgrad run`; `--version`, and
+`-q`/`-v` on every command.
 
 This edge reads files, walks directories and writes outputs; the engine
 (`s2sgrad.pipeline`) only maps text to text. Each file's outcome is a value; the
 run writes only when every file converted, so an error leaves every output untouched.
-Exit codes follow black: 0 done, 1 would change (`--check`), 2 input or usage error,
-123 internal error.
+Exit codes follow black: 0 done, 1 would change (`--check`) or a wrong gradient
+(`check`), 2 input or usage error, 123 internal error.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -59,6 +62,12 @@ class Reviewed:
 
 
 Outcome = Converted | Failed
+
+
+def say(args: argparse.Namespace, message: str, level: int = 0) -> None:
+    """Print an informational line to stderr: level 0 unless `-q`, 1 only with `-v`."""
+    if getattr(args, "verbosity", 0) >= level:
+        print(message, file=sys.stderr)
 
 
 def _is_generated(path: Path, options: Options) -> bool:
@@ -234,6 +243,8 @@ def collect(
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    if "-" in args.paths:
+        return convert_stdin(args)
     if args.stdout and (args.check or args.diff):
         print(
             "s2sgrad: error: --stdout cannot be combined with --check or --diff",
@@ -249,17 +260,50 @@ def run_convert(args: argparse.Namespace) -> int:
         sys.stdout.write("".join(o.text for o in done))
         return EXIT_OK
     if args.check or args.diff:
-        return report_changes(done, show_diff=args.diff)
+        return report_changes(args, done, show_diff=args.diff)
     for outcome in done:
         if _read_text(outcome.output) == outcome.text:
-            print(f"unchanged {display_path(outcome.output)}", file=sys.stderr)
+            say(args, f"unchanged {display_path(outcome.output)}")
             continue
         write_atomic(outcome.output, outcome.text)
-        print(f"wrote {display_path(outcome.output)}", file=sys.stderr)
+        say(args, f"wrote {display_path(outcome.output)}")
+    lines = sum(o.text.count("\n") for o in done)
+    say(args, f"s2sgrad: {len(done)} file(s), {lines} generated lines", 1)
     return EXIT_OK
 
 
-def report_changes(done: Sequence[Converted], show_diff: bool) -> int:
+def convert_stdin(args: argparse.Namespace) -> int:
+    """`convert -`: the source from standard input, the module to standard output."""
+    if args.paths != ["-"] or args.check or args.diff or args.output:
+        print(
+            "s2sgrad: error: `-` (standard input) goes alone, without --check, --diff "
+            "or -o",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    try:
+        config = load_config([Path.cwd()])
+    except ConfigError as exc:
+        print(f"s2sgrad: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    options = config.override(
+        policy=args.policy, line_length=args.line_length, suffix=args.suffix
+    ).options()
+    from s2sgrad.pipeline import convert
+
+    try:
+        text = decode_source(sys.stdin.buffer.read(), "<stdin>")
+        sys.stdout.write(convert(text, Origin("<stdin>", None), options))
+    except TransformError as exc:
+        for diagnostic in exc.diagnostics:
+            print(diagnostic.render(), file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def report_changes(
+    args: argparse.Namespace, done: Sequence[Converted], show_diff: bool
+) -> int:
     """List each stale or missing output (and its diff); write nothing."""
     changed = 0
     for outcome in done:
@@ -274,13 +318,13 @@ def report_changes(done: Sequence[Converted], show_diff: bool) -> int:
         verb = "create" if state == "missing" else "update"
         print(f"would {verb} {shown} ({state})", file=sys.stderr)
     if changed:
-        print(
+        say(
+            args,
             f"s2sgrad: {changed} of {len(done)} output(s) would change; "
             "run `s2sgrad convert` to update them",
-            file=sys.stderr,
         )
         return EXIT_CHANGED
-    print(f"s2sgrad: {len(done)} output(s) up to date", file=sys.stderr)
+    say(args, f"s2sgrad: {len(done)} output(s) up to date")
     return EXIT_OK
 
 
@@ -295,7 +339,7 @@ def run_review(args: argparse.Namespace) -> int:
         from s2sgrad.review.page import render_html
 
         write_atomic(Path(args.html), render_html(records, title))
-        print(f"wrote {display_path(Path(args.html))}", file=sys.stderr)
+        say(args, f"wrote {display_path(Path(args.html))}")
         return EXIT_OK
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     width = shutil.get_terminal_size().columns
@@ -303,6 +347,74 @@ def run_review(args: argparse.Namespace) -> int:
 
     sys.stdout.write(render_text(records, width, color))
     return EXIT_OK
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """`s2sgrad check`: each differentiator with example inputs against torch.autograd
+    through its own forward (see s2sgrad.testing)."""
+    config = settings(args)
+    if config is None:
+        return EXIT_ERROR
+    options = config.options()
+    from s2sgrad.pipeline import differentiator_names
+    from s2sgrad.testing import check_module
+
+    counts = {"ok": 0, "wrong": 0, "no examples": 0, "error": 0}
+    sources = [s for s, base in discover([Path(p) for p in args.paths], options)]
+    for source in sources:
+        shown = display_path(source)
+        try:
+            names = differentiator_names(read_source(source, shown), shown)
+        except TransformError as exc:
+            for diagnostic in exc.diagnostics:
+                print(diagnostic.render(), file=sys.stderr)
+            return EXIT_ERROR
+        if not names:
+            continue
+        started = time.perf_counter()
+        try:
+            module = _import_path(source)
+            found = check_module(module, names, args.order, options)
+        except (ImportError, ValueError, TransformError) as exc:
+            text = (
+                "\n".join(d.render() for d in exc.diagnostics)
+                if isinstance(exc, TransformError)
+                else f"s2sgrad: error: {shown}: {exc}"
+            )
+            print(text, file=sys.stderr)
+            return EXIT_ERROR
+        took = time.perf_counter() - started
+        for checked in found:
+            counts[checked.status] += 1
+            line = f"{checked.status:<11} {shown}::{checked.name}"
+            if checked.status in ("wrong", "error"):
+                print(f"{line}\n{_indent(checked.report)}")
+            elif args.verbosity >= 0:
+                print(line)
+        say(args, f"{shown}: {len(found)} differentiator(s) in {took:.1f} s", 1)
+    if not any(counts.values()):
+        print("s2sgrad: no differentiators found", file=sys.stderr)
+        return EXIT_ERROR
+    summary = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+    say(args, f"s2sgrad: {summary} (gradients up to order {args.order})")
+    if counts["error"]:
+        return EXIT_ERROR
+    return EXIT_CHANGED if counts["wrong"] else EXIT_OK
+
+
+def _indent(text: str) -> str:
+    return "".join(f"    {line}\n" for line in text.splitlines()).rstrip("\n")
+
+
+def _import_path(source: Path) -> object:
+    """Import the module at `source` by its dotted name, its package root on sys.path."""
+    import importlib
+
+    name = module_name(source)
+    root = source.resolve().parents[name.count(".")]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module(name)
 
 
 def _positive(text: str) -> int:
@@ -333,18 +445,54 @@ def _engine_flags() -> argparse.ArgumentParser:
     return flags
 
 
+def _manners(default: object) -> argparse.ArgumentParser:
+    """`-q` and `-v`, on the program and on each command (whose defaults leave the
+    program's value alone)."""
+    flags = argparse.ArgumentParser(add_help=False)
+    group = flags.add_mutually_exclusive_group()
+    group.add_argument(
+        "-q",
+        "--quiet",
+        dest="verbosity",
+        action="store_const",
+        const=-1,
+        default=default,
+        help="print errors and findings only",
+    )
+    group.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="store_const",
+        const=1,
+        default=default,
+        help="say more (timings; for run, each import decision)",
+    )
+    return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from s2sgrad import __version__
+
     parser = argparse.ArgumentParser(
         prog="s2sgrad",
         description="Turn closure-style PyTorch gradient rules into autograd Functions.",
+        parents=[_manners(0)],
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     flags = _engine_flags()
+    manners = _manners(argparse.SUPPRESS)
     convert_cmd = commands.add_parser(
-        "convert", help="generate X_grad.py from X.py", parents=[flags]
+        "convert", help="generate X_grad.py from X.py", parents=[flags, manners]
     )
     convert_cmd.add_argument(
-        "paths", nargs="+", metavar="PATH", help="files or directories"
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="files or directories; `-` reads standard input and writes standard output",
     )
     convert_cmd.add_argument(
         "-o", "--output", metavar="DIR", help="write outputs under DIR"
@@ -366,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     review_cmd = commands.add_parser(
         "review",
         help="show each differentiator beside its generated code, with its captures",
-        parents=[flags],
+        parents=[flags, manners],
     )
     review_cmd.add_argument(
         "paths", nargs="+", metavar="PATH", help="files or directories"
@@ -375,11 +523,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--html", metavar="FILE", help="write a self-contained HTML page to FILE"
     )
     review_cmd.set_defaults(run=run_review)
+    check_cmd = commands.add_parser(
+        "check",
+        help="check each differentiator that has example inputs (S2SGRAD_EXAMPLES) "
+        "against torch.autograd through its own forward",
+        parents=[flags, manners],
+    )
+    check_cmd.add_argument(
+        "paths", nargs="+", metavar="PATH", help="files or directories"
+    )
+    check_cmd.add_argument(
+        "--order",
+        type=_positive,
+        default=2,
+        metavar="N",
+        help="check the generated op's gradients up to order N (default 2)",
+    )
+    check_cmd.set_defaults(run=run_check)
     from s2sgrad.hook import run_command  # the hook imports this module's path helpers
 
     run_cmd = commands.add_parser(
         "run",
-        help="run script.py or -m module with the import hook installed",
+        help="run script.py or -m module with the import hook installed "
+        "(s2sgrad's own -q/-v go before `run`)",
         prefix_chars="+",  # so that `-m` and every later argument reach the program
         add_help=False,
     )
@@ -388,6 +554,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_cmd.set_defaults(run=run_command)
     return parser
+
+
+def _run_manners(args: argparse.Namespace) -> None:
+    """`run`'s own -q/-v: before the program (`s2sgrad -v run x.py`, or right after
+    `run`); -v logs each import decision, -q silences stale-output warnings."""
+    while args.argv[:1] and args.argv[0] in ("-q", "--quiet", "-v", "--verbose"):
+        args.verbosity = 1 if args.argv.pop(0) in ("-v", "--verbose") else -1
+    if args.verbosity > 0:
+        os.environ["S2SGRAD_TRACE"] = "1"
+    elif args.verbosity < 0:
+        import warnings
+
+        from s2sgrad.hook import StaleGeneratedCodeWarning
+
+        warnings.filterwarnings("ignore", category=StaleGeneratedCodeWarning)
 
 
 def report_internal_error(exc: BaseException) -> int:
@@ -410,6 +591,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
+    if args.command == "run":
+        _run_manners(args)
     try:
         result: int = args.run(args)
         return result

@@ -63,6 +63,11 @@ def analyse(
     return parsed, lifted
 
 
+def differentiator_names(source: str, path: str) -> list[str]:
+    """The names of `source`'s differentiators, in source order (errors raise)."""
+    return [diff.name for diff in parse(source, path).differentiators]
+
+
 def has_differentiators(source: str, path: str) -> bool:
     """Tell whether `source` defines differentiators (errors count as yes)."""
     try:

@@ -28,3 +28,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6):
         grad_x = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
         return grad_x, (grad * x_hat).sum_to_size(weight.shape), None
     return x_hat * weight, backward
+
+
+# Example inputs for `s2sgrad check` (float64: the check is then exact to rounding).
+S2SGRAD_EXAMPLES = {
+    "layer_norm": lambda: (
+        (torch.randn(4, 6, dtype=torch.float64), torch.randn(6, dtype=torch.float64),
+         torch.randn(6, dtype=torch.float64)),
+        {"eps": 1e-3},
+    ),
+    "rms_norm": lambda: (torch.randn(4, 6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)),
+}

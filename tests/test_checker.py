@@ -1,0 +1,249 @@
+"""`s2sgrad.testing.check_gradients` and `s2sgrad check`: quiet on right rules (every
+sample), and a report a user can act on for each kind of wrong one."""
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import checker_rules as rules
+import pytest
+import torch
+from sample_cases import CASES, load
+
+from s2sgrad.testing import check_gradients
+
+
+def r(*shape, dtype=torch.float64):
+    return torch.randn(*shape, dtype=dtype)
+
+
+def report_of(fn, *args, order=2, **kwargs):
+    with pytest.raises(AssertionError) as caught:
+        check_gradients(fn, *args, order=order, **kwargs)
+    return str(caught.value)
+
+
+def line_of(fn, text):
+    """The line in checker_rules.py that holds `text`, inside `fn`."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+@pytest.mark.parametrize(
+    "module,name,factory",
+    [pytest.param(*c[:2], c[3], id=f"{c[0]}.{c[1]}[{c[2]}]") for c in CASES],
+)
+def test_quiet_on_every_sample(module, name, factory):
+    torch.manual_seed(0)
+    args, kwargs = factory()
+    check_gradients(load(module, name), *args, order=2, **kwargs)
+
+
+def test_quiet_on_right_rules_with_lists_several_outputs_and_plain_values():
+    check_gradients(rules.swiglu, r(3, 4), r(4, 5), r(4, 5), order=3)
+    check_gradients(rules.scaled_sum, [r(3), r(3), r(3)], r(3), 0.5, order=2)
+    check_gradients(rules.scaled_sum, [r(3)], r(3), 2.0, order=3)
+    check_gradients(rules.sincos, r(2, 3), order=3)
+    check_gradients(rules.bias_unreduced, r(3, 4), r(4))
+
+
+def test_a_missing_term():
+    report = report_of(rules.swiglu_missing_term, r(3, 4), r(4, 5), r(4, 5))
+    assert "`swiglu_missing_term`" in report and "checker_rules.py:" in report
+    assert "gradient of `x`, order 1, your backward" in report
+    assert re.search(
+        r"max abs error [0-9.e+-]+, max rel error [0-9.e+-]+ \(shape \(3, 4\)\)", report
+    )
+    at = line_of(rules.swiglu_missing_term, "return gx, x.t() @ da")
+    assert f"checker_rules.py:{at} (`return gx, x.t() @ da, x.t() @ db`)" in report
+    assert "`w`" not in report and "`v`" not in report  # only what is wrong
+
+
+def test_a_wrong_sign():
+    report = report_of(rules.mul_wrong_sign, r(3, 4), r(3, 4))
+    assert "gradient of `y`, order 1" in report and "gradient of `x`" not in report
+
+
+def test_a_wrong_broadcast_reduction():
+    report = report_of(rules.bias_wrong_reduction, r(4, 4), r(4))
+    assert "gradient of `b`, order 1, your backward: max abs error" in report
+    report = report_of(rules.bias_wrong_reduction, r(3, 4), r(4))
+    assert (
+        "gradient of `b`, order 1, your backward: shape (3,), expected (4,)" in report
+    )
+
+
+@pytest.mark.parametrize(
+    "fn", [rules.exp_detached, rules.exp_data], ids=["detach", "data"]
+)
+def test_right_once_but_not_twice_differentiable(fn):
+    check_gradients(fn, r(3, 4), order=1)  # right at first order
+    report = report_of(fn, r(3, 4), order=2)
+    assert "gradient of `x`, order 2, the generated op" in report
+    assert "your backward is right at first order" in report
+
+
+def test_a_wrong_list_element_and_a_wrong_second_output():
+    report = report_of(rules.scaled_sum_wrong_element, [r(3), r(3), r(3)], r(3), 0.5)
+    assert "gradient of `xs[2]`, order 1" in report
+    assert "`xs[0]`" not in report and "`xs[1]`" not in report
+    report = report_of(rules.sincos_wrong, r(2, 3))
+    assert "gradient of `x`, order 1" in report
+
+
+def test_float32_inputs_use_the_same_oracle():
+    check_gradients(
+        rules.swiglu,
+        r(3, 4, dtype=torch.float32),
+        r(4, 5, dtype=torch.float32),
+        r(4, 5, dtype=torch.float32),
+    )
+    report_of(
+        rules.mul_wrong_sign, r(3, dtype=torch.float32), r(3, dtype=torch.float32)
+    )
+
+
+# -- `s2sgrad check` -------------------------------------------------------------------
+
+OPS = """
+import torch
+
+
+def scale(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        return g * w, (g * x).sum(0)
+    return x * w, backward
+
+
+def wrong(x: torch.Tensor):
+    def backward(g):
+        return g
+    return x * x, backward
+
+
+def unchecked(x: torch.Tensor):
+    def backward(g):
+        return g
+    return x + 1, backward
+
+
+S2SGRAD_EXAMPLES = {
+    "scale": lambda: (torch.randn(3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)),
+    "wrong": lambda: ((torch.randn(3, dtype=torch.float64),), {}),
+}
+"""
+
+
+def s2sgrad(*args, cwd, stdin=None):
+    return subprocess.run(
+        [sys.executable, "-m", "s2sgrad", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=300,
+    )
+
+
+def test_check_command_reports_each_differentiator(tmp_path):
+    (tmp_path / "ops.py").write_text(OPS)
+    run = s2sgrad("check", "ops.py", cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    assert "ok          ops.py::scale" in run.stdout
+    assert "wrong       ops.py::wrong" in run.stdout
+    assert "gradient of `x`, order 1, your backward" in run.stdout
+    assert "ops.py:13 (`return g`)" in run.stdout
+    assert "no examples ops.py::unchecked" in run.stdout
+    assert "1 ok, 1 wrong, 1 no examples" in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.py"]  # nothing written
+    quiet = s2sgrad("check", "-q", "ops.py", cwd=tmp_path)
+    assert quiet.returncode == 1 and quiet.stderr == ""
+    assert (
+        "ops.py::scale" not in quiet.stdout
+        and "wrong       ops.py::wrong" in quiet.stdout
+    )
+    fixed = OPS.replace(
+        "        return g\n    return x * x",
+        "        return 2 * g * x\n    return x * x",
+    )
+    (tmp_path / "ops.py").write_text(fixed)
+    run = s2sgrad("check", "-v", "--order", "3", ".", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "ok          ops.py::wrong" in run.stdout and "up to order 3" in run.stderr
+    assert "ops.py: 3 differentiator(s) in" in run.stderr
+
+
+def test_check_command_on_the_samples_declaring_examples():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    run = s2sgrad("check", "-q", "samples/normalization.py", cwd=root)
+    assert run.returncode == 0 and run.stdout == "" and run.stderr == "", run
+    run = s2sgrad("check", "samples/normalization.py", "samples/temporary.py", cwd=root)
+    assert "ok          samples/normalization.py::layer_norm" in run.stdout
+    assert "ok          samples/normalization.py::rms_norm" in run.stdout
+    assert "no examples samples/temporary.py::add_mul" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "table,message",
+    [
+        (
+            'S2SGRAD_EXAMPLES = {"nope": lambda: ()}',
+            "names `nope`, which is not a differentiator",
+        ),
+        ("S2SGRAD_EXAMPLES = [1]", "must be a dict"),
+    ],
+)
+def test_check_command_rejects_a_bad_table(tmp_path, table, message):
+    (tmp_path / "ops.py").write_text(OPS.split("S2SGRAD_EXAMPLES")[0] + table + "\n")
+    run = s2sgrad("check", "ops.py", cwd=tmp_path)
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+def test_check_command_reports_an_example_that_raises(tmp_path):
+    (tmp_path / "ops.py").write_text(
+        OPS.split("S2SGRAD_EXAMPLES")[0]
+        + 'S2SGRAD_EXAMPLES = {"scale": lambda: (torch.ones(2), torch.ones(3))}\n'
+    )
+    run = s2sgrad("check", "ops.py", cwd=tmp_path)
+    assert run.returncode == 2
+    assert "error       ops.py::scale" in run.stdout and "RuntimeError" in run.stdout
+
+
+# -- command-line manners --------------------------------------------------------------
+
+
+def test_version_quiet_verbose_and_stdin(tmp_path):
+    from s2sgrad import __version__
+
+    run = s2sgrad("--version", cwd=tmp_path)
+    assert run.returncode == 0 and run.stdout.strip() == f"s2sgrad {__version__}"
+    source = textwrap.dedent(OPS.split("S2SGRAD_EXAMPLES")[0])
+    run = s2sgrad("convert", "-", cwd=tmp_path, stdin=source)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("# Generated by s2sgrad from <stdin>.")
+    assert "def scale(x: Tensor, w: Tensor) -> Tensor:" in run.stdout
+    assert list(tmp_path.iterdir()) == []
+    run = s2sgrad("convert", "-", cwd=tmp_path, stdin="def f(x):\n    return x, None\n")
+    assert run.returncode == 2 and "<stdin>:" in run.stderr and run.stdout == ""
+    run = s2sgrad("convert", "-", "--check", cwd=tmp_path, stdin=source)
+    assert run.returncode == 2 and "goes alone" in run.stderr
+    (tmp_path / "ops.py").write_text(source)
+    run = s2sgrad("convert", "-q", "ops.py", cwd=tmp_path)
+    assert run.returncode == 0 and run.stderr == ""
+    run = s2sgrad("-v", "convert", "ops.py", cwd=tmp_path)
+    assert "unchanged ops_grad.py" in run.stderr and "generated lines" in run.stderr
+    run = s2sgrad("convert", "--check", "-q", "ops.py", cwd=tmp_path)
+    assert run.returncode == 0 and run.stderr == ""
+    run = s2sgrad("review", "-q", "ops.py", "--html", "r.html", cwd=tmp_path)
+    assert run.returncode == 0 and run.stderr == "" and (tmp_path / "r.html").is_file()
+    (tmp_path / "main.py").write_text("import ops_grad\n")
+    (tmp_path / "ops_grad.py").unlink()
+    run = s2sgrad("run", "-v", "main.py", cwd=tmp_path)
+    assert run.returncode == 0 and "s2sgrad: import ops_grad:" in run.stderr, run.stderr
+    run = s2sgrad("-q", "run", "main.py", cwd=tmp_path)
+    assert run.returncode == 0 and "s2sgrad: import" not in run.stderr
