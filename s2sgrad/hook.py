@@ -170,7 +170,9 @@ class ImportHook(importlib.abc.MetaPathFinder):
             if source is None:
                 trace(fullname, f"skipped: no source for {source_name} on the path")
                 return None
-        return spec_for(fullname, source, self.options or project_options(source.parent))
+        return spec_for(
+            fullname, source, self.options or project_options(source.parent)
+        )
 
     def _selected(self, source_name: str) -> bool:
         if self.packages is None:

@@ -303,9 +303,11 @@ class FunctionWriter:
 
     def forward(self) -> list[str]:
         signature = [
-            f"{self.lengths[item.name]}: int"
-            if item.name in self.lengths
-            else f"{item.name}: {self.annotation(item.name)}"
+            (
+                f"{self.lengths[item.name]}: int"
+                if item.name in self.lengths
+                else f"{item.name}: {self.annotation(item.name)}"
+            )
             for item in self.inputs
             if not item.listed or item.name in self.lengths
         ]
