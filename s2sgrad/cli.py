@@ -208,6 +208,7 @@ def settings(args: argparse.Namespace) -> Config | None:
         policy=args.policy,
         line_length=args.line_length,
         suffix=args.suffix,
+        compile=args.compile,
         output_dir=Path(output) if output else None,
     )
 
@@ -287,7 +288,10 @@ def convert_stdin(args: argparse.Namespace) -> int:
         print(f"s2sgrad: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     options = config.override(
-        policy=args.policy, line_length=args.line_length, suffix=args.suffix
+        policy=args.policy,
+        line_length=args.line_length,
+        suffix=args.suffix,
+        compile=args.compile,
     ).options()
     from s2sgrad.pipeline import convert
 
@@ -441,6 +445,13 @@ def _engine_flags() -> argparse.ArgumentParser:
     )
     flags.add_argument(
         "--suffix", help="output module suffix: X.py -> X<SUFFIX>.py (default _grad)"
+    )
+    flags.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run each Function's f_forward and f_backward compiled by inductor "
+        "(double backward stays right); --no-compile overrides `compile = true`",
     )
     return flags
 

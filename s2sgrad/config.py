@@ -48,6 +48,7 @@ class Config:
     output_dir: Path | None = None
     policy: Policy = "promote"
     line_length: int = 88
+    compile: bool = False
     #: Globs that select files found in directories (not files named explicitly).
     include: tuple[str, ...] = ("*.py",)
     exclude: tuple[str, ...] = ()
@@ -55,7 +56,10 @@ class Config:
     def options(self) -> Options:
         """Return the engine's options: the settings that change generated text."""
         return Options(
-            policy=self.policy, line_length=self.line_length, suffix=self.suffix
+            policy=self.policy,
+            line_length=self.line_length,
+            suffix=self.suffix,
+            compile=self.compile,
         )
 
     def override(self, **flags: Any) -> Config:
@@ -89,6 +93,7 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "output-dir": ("output_dir", str, "a string (a directory)"),
     "policy": ("policy", str, "a string"),
     "line-length": ("line_length", int, "an integer"),
+    "compile": ("compile", bool, "true or false"),
     "include": ("include", list, "a list of strings (globs)"),
     "exclude": ("exclude", list, "a list of strings (globs)"),
 }
@@ -138,7 +143,9 @@ def parse_table(table: object, path: Path, shown: str) -> Config:
                 f"{shown}: {TABLE} unknown key {key!r}{_did_you_mean(key)}"
             )
         field, kind, described = _KEYS[key]
-        wrong_type = not isinstance(value, kind) or isinstance(value, bool)
+        wrong_type = not isinstance(value, kind) or (
+            kind is not bool and isinstance(value, bool)
+        )
         if wrong_type or (kind is list and not all(isinstance(v, str) for v in value)):
             raise ConfigError(
                 f"{shown}: {TABLE} {key!r} must be {described}, "

@@ -21,8 +21,14 @@ class Options:
     policy: Policy = "promote"
     line_length: int = 88
     suffix: str = "_grad"
+    #: Run f_forward/f_backward inductor-compiled (`--compile`, `compile = true`).
+    compile: bool = False
 
     def key(self) -> str:
-        """Return a stable digest of every option, for caches."""
-        text = json.dumps(asdict(self), sort_keys=True)
+        """Return a stable digest of every option, for caches. `compile` counts only
+        when on, so outputs written before it existed keep their digest."""
+        fields = asdict(self)
+        if not self.compile:
+            del fields["compile"]
+        text = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]

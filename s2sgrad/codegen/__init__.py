@@ -201,6 +201,59 @@ def _no_jvp(error: NotImplementedError) -> NotImplementedError:
 '''.lstrip()
 
 
+#: The runtime of `compile=true` (design.md, "Compiled mode"): f_forward, and
+#: f_backward at first order, run inductor-compiled; a differentiated backward runs
+#: the eager f_backward, so every order stays right.
+COMPILED_RUNTIME = '''
+# Compiled mode (compile=true): inductor runs f_forward, and f_backward at first order.
+# Where compiled code cannot run, or is differentiated (a double backward: torch.compile
+# does not differentiate what it compiled twice), the same function runs eagerly.
+
+
+def _compiled(function: Any) -> Any:
+    """`function` compiled by inductor, whole graph, where compiled code can run."""
+    compiled = torch.compile(function, fullgraph=True)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        nonlocal compiled
+        if torch.is_grad_enabled() or _eager_here():
+            return function(*args, **kwargs)
+        try:
+            return compiled(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except Exception as error:
+            if not type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                raise
+            result = function(*args, **kwargs)  # the user's own error raises here
+            if type(error).__name__ != "FailOnRecompileLimitHit":
+                raise _compile_failed(function, error) from error
+            warnings.warn(f"`{function.__name__}`: too many shapes; eager from here on")
+            compiled = function
+            return result
+
+    return run
+
+
+def _eager_here() -> bool:
+    """Tell whether compiled code must not run: inside torch.compile (which compiles
+    the eager code itself), torch.func transforms or forward mode."""
+    return (
+        torch.compiler.is_compiling()
+        or _base_apply is None
+        or _transforms_active()
+        or getattr(forward_ad, "_current_level", 0) >= 0
+    )
+
+
+def _compile_failed(function: Any, error: Exception) -> RuntimeError:
+    return RuntimeError(
+        f"`{function.__name__}` runs compiled (s2sgrad compile=true), but torch.compile "
+        f"cannot compile it here: {str(error).strip().splitlines()[0]}. Turn it off: "
+        "convert without --compile, set `compile = false` in [tool.s2sgrad], or put "
+        "`# s2sgrad: compile=false` in the differentiator."
+    )
+'''.lstrip()
+
+
 def generate(
     parsed: ParsedModule, lifted: list[Lifted], options: Options, origin: Origin
 ) -> str:
@@ -219,9 +272,19 @@ def generate(
     taken = set(parsed.module_names) | {
         name for item in lifted for name in vars(Names.of(item.source.name)).values()
     }
+    compiled = {item.source.name: _compiles(item, options) for item in lifted}
     for item in lifted:
-        body += emit(item, origin.display_path, siblings, taken, options.line_length)
+        body += emit(
+            item,
+            origin.display_path,
+            siblings,
+            taken,
+            options.line_length,
+            compiled[item.source.name],
+        )
     code = module(body).code + "\n\n" + RUNTIME
+    if any(compiled.values()):  # before the differentiators, which call `_compiled`
+        code = COMPILED_RUNTIME + "\n\n" + code
     aliases, read = _aliases(code)
     imports = _imports(parsed, lifted, origin, used, read)
     code = aliases + "\n\n" + code
@@ -231,6 +294,12 @@ def generate(
     )
     check_generated(text, options.line_length)
     return text
+
+
+def _compiles(item: Lifted, options: Options) -> bool:
+    """Whether the differentiator runs compiled: its pragma, else the option."""
+    pragma = item.source.pragmas.get("compile")
+    return options.compile if pragma is None else pragma == "true"
 
 
 def _aliases(code: str) -> tuple[str, set[str]]:
@@ -264,6 +333,8 @@ def _imports(
         "import traceback",
         "from torch.autograd import forward_ad",
     ]
+    if "_compiled" in read:
+        extra.append("import warnings")
     if types.TENSOR in read:
         extra.append(f"from torch import {types.TENSOR}")
     if any(item.once_differentiable for item in lifted):
@@ -338,6 +409,9 @@ _OWN_NAMES = (
     "_outputs",
     "_differentiable",
     "_no_jvp",
+    "_compiled",
+    "_eager_here",
+    "_compile_failed",
     "_accumulate",
     "_save",
     "_saved",
@@ -353,6 +427,7 @@ _IMPORTED = {
     "functools": "import functools",
     "linecache": "import linecache",
     "traceback": "import traceback",
+    "warnings": "import warnings",
     "forward_ad": "from torch.autograd import forward_ad",
 }
 

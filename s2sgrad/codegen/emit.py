@@ -47,6 +47,7 @@ def emit(
     siblings: Collection[str] = (),
     module_names: Collection[str] = (),
     line_length: int = 88,
+    compiled: bool = False,
 ) -> list[cst.BaseStatement]:
     """Emit the definitions of one differentiator.
 
@@ -67,7 +68,31 @@ def emit(
         rename = _SiblingCalls({s: Names.of(s) for s in called})
         definitions = [as_statement(d.visit(rename)) for d in definitions]
     pair = (names.forward, names.backward)
-    if names.forward.startswith("__"):
+    if compiled:
+        # The Function calls the pair through compiled wrappers (the runtime's
+        # `_compiled`), whose names never start with `__`.
+        alias = NameAllocator(module_names)
+        pair = (
+            alias.fresh(f"compiled_{names.forward.lstrip('_')}"),
+            alias.fresh(f"compiled_{names.backward.lstrip('_')}"),
+        )
+        definitions += [
+            cst.parse_statement(
+                f"{pair[0]} = _compiled({names.forward})\n"
+            ).with_changes(
+                leading_lines=[
+                    cst.EmptyLine(),
+                    cst.EmptyLine(),
+                    cst.EmptyLine(
+                        comment=cst.Comment(
+                            "# compile=true: inductor runs these where it can (`_compiled` above)."
+                        )
+                    ),
+                ]
+            ),
+            cst.parse_statement(f"{pair[1]} = _compiled({names.backward})\n"),
+        ]
+    elif names.forward.startswith("__"):
         # Python mangles `__name` inside a class body: the Function calls the pair
         # through names that are not mangled.
         alias = NameAllocator(module_names)

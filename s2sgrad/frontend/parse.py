@@ -39,7 +39,10 @@ from s2sgrad.options import Policy
 _PRAGMA_START = re.compile(r"#\s*s2sgrad\s*:(.*)$")
 _PRAGMA_PAIR = re.compile(r"([A-Za-z_][\w-]*)\s*=\s*([\w.-]+)")
 #: Pragma keys and the values each one takes.
-PRAGMAS: dict[str, tuple[str, ...]] = {"policy": get_args(Policy)}
+PRAGMAS: dict[str, tuple[str, ...]] = {
+    "policy": get_args(Policy),
+    "compile": ("true", "false"),
+}
 
 
 def check_syntax(source: str, path: str) -> ast.Module:

@@ -1,0 +1,265 @@
+"""`compile=true`: Functions whose f_forward and f_backward run inductor-compiled.
+
+Every sample converted with the option, at orders 1-3 against torch.autograd of the
+closure's own forward (float64, small shapes; tests/conftest.py shares one inductor
+cache). Then the pitfalls of compiled double backward: saved values that depend on each
+other, a backward run twice, `no_grad`; many shapes; no graph breaks; the option's
+three spellings, the hook, and the error where inductor cannot compile.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from sample_cases import ATOL, CASES, RTOL, as_tuple, is_grad_tensor, load, prepare
+
+from s2sgrad import transform
+
+ROOT = Path(__file__).resolve().parent.parent
+PARAMS = [pytest.param(m, n, f, id=f"{m}.{n}[{i}]") for m, n, i, f in CASES]
+
+
+def _close(a, b, what):
+    torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL, msg=lambda m: f"{what}: {m}")
+
+
+_MODULES: dict[str, types.ModuleType] = {}
+
+
+def compiled_module(module: str) -> types.ModuleType:
+    """samples/<module>.py converted with compile=True, imported under its own name."""
+    if module not in _MODULES:
+        path = ROOT / "samples" / f"{module}.py"
+        text = transform(
+            path.read_text(), f"samples/{module}.py", f"samples.{module}", compile=True
+        )
+        assert "_compiled(" in text
+        gen = types.ModuleType(f"samples.{module}_compiled_grad")
+        exec(compile(text, f"{module}_compiled_grad.py", "exec"), gen.__dict__)
+        _MODULES[module] = gen
+    return _MODULES[module]
+
+
+def _orders(outs, tensors, seed):
+    """Gradients of orders 1-3 of random weighted sums; the first also without
+    create_graph (the compiled first-order backward)."""
+    gen = torch.Generator().manual_seed(seed)
+    outs = [o for o in as_tuple(outs) if o.requires_grad]
+    weights = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
+    plain = torch.autograd.grad(
+        outs,
+        tensors,
+        weights,
+        retain_graph=True,
+        allow_unused=True,
+        materialize_grads=True,
+    )
+    found = [list(plain)]
+    level = outs
+    for _ in range(3):
+        weights = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in level]
+        pairs = [(o, w) for o, w in zip(level, weights, strict=True) if o.requires_grad]
+        grads = torch.autograd.grad(
+            [o for o, _ in pairs],
+            tensors,
+            [w for _, w in pairs],
+            create_graph=True,
+            allow_unused=True,
+            materialize_grads=True,
+        )
+        found.append(list(grads))
+        level = list(grads)
+    return found
+
+
+@pytest.mark.parametrize("module,name,factory", PARAMS)
+def test_compiled_op_matches_closure_at_orders_1_to_3(module, name, factory):
+    op = getattr(compiled_module(module), name)
+    closure = load(module, name)
+    _, args, kwargs, params = prepare(module, name, factory, seed=0)
+    tensors = [p for p in params if is_grad_tensor(p)]
+    out = op(*args, **kwargs)
+    ref, _ = closure(*args, **kwargs)
+    for a, b in zip(as_tuple(out), as_tuple(ref), strict=True):
+        _close(a, b, "output")
+    got, want = _orders(out, tensors, 1), _orders(ref, tensors, 1)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        for i, (a, b) in enumerate(zip(g, w, strict=True)):
+            _close(
+                a,
+                b,
+                f"{'first order without create_graph' if k == 0 else f'order {k}'}, input {i}",
+            )
+
+
+def test_dependent_saved_values_backward_twice_and_no_grad():
+    """mlp saves tanh(x @ w1) beside x and w1: a differentiated backward must give
+    partial derivatives, not total ones."""
+    op = compiled_module("mlp").mlp
+    closure = load("mlp", "mlp")
+    torch.manual_seed(0)
+    xs = [
+        torch.randn(*s, dtype=torch.float64, requires_grad=True)
+        for s in ((5, 3), (3, 4), (4,), (4, 2), (2,))
+    ]
+    out, ref = op(*xs), closure(*xs)[0]
+    for f in (out, ref):
+        f.sin().sum().backward(retain_graph=True)
+    once = [x.grad.clone() for x in xs]
+    for x in xs:
+        x.grad = None
+    out.sin().sum().backward(retain_graph=True)
+    out.sin().sum().backward()
+    for x, g in zip(xs, once, strict=True):
+        _close(x.grad, g, "backward run twice")  # once for op, once for ref: 2 * (op's)
+    with torch.no_grad():
+        _close(op(*xs), closure(*xs)[0], "no_grad")
+    got, want = _orders(op(*xs), xs, 2), _orders(closure(*xs)[0], xs, 2)
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(g, w, strict=True):
+            _close(a, b, "orders")
+
+
+def test_many_shapes_neither_fail_nor_fall_back():
+    op = compiled_module("normalization").layer_norm
+    closure = load("normalization", "layer_norm")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(16):
+            shape = (1 + n % 5, 2 + n)
+            x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+            w = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
+            b = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
+            got = torch.autograd.grad(op(x, w, b).sum(), (x, w, b))
+            want = torch.autograd.grad(closure(x, w, b)[0].sum(), (x, w, b))
+            for a, e in zip(got, want, strict=True):
+                _close(a, e, f"shape {shape}")
+    assert not [w for w in caught if "too many shapes" in str(w.message)]
+
+
+def test_no_graph_breaks_on_the_samples():
+    """fullgraph=True turns a graph break into an error, which the runtime reports
+    instead of running eagerly; every sample ran above, this checks it is compiled."""
+    torch._dynamo.utils.counters.clear()
+    op = compiled_module("attention").attention
+    q, k, v = (
+        torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True) for _ in range(3)
+    )
+    op(q, k, v).sum().backward()
+    assert torch._dynamo.utils.counters["stats"]["calls_captured"] >= 2
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+OPS = """
+import torch
+
+
+def square(x):  # s2sgrad: compile=false
+    def backward(grad):
+        return 2 * grad * x
+    return x * x, backward
+
+
+def cube(x):
+    # s2sgrad: compile=true
+    def backward(grad):
+        return 3 * grad * x * x
+    return x * x * x, backward
+"""
+
+
+def test_option_flag_config_pragma_and_hook(tmp_path):
+    default = transform(OPS, "ops.py")
+    assert "compiled_cube_forward = _compiled(cube_forward)" in default
+    assert "compiled_square" not in default and "_compiled(square" not in default
+    on = transform(OPS, "ops.py", compile=True)
+    assert "compiled_square" not in on  # the pragma opts it out
+    plain = transform(OPS.replace("# s2sgrad: compile=true", ""), "ops.py")
+    assert "_compiled" not in plain and "warnings" not in plain
+    (tmp_path / "ops.py").write_text(OPS.replace("# s2sgrad: compile=true", ""))
+    (tmp_path / "pyproject.toml").write_text("[tool.s2sgrad]\ncompile = true\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "s2sgrad", "convert", "ops.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "compiled_cube_forward" in (tmp_path / "ops_grad.py").read_text()
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "s2sgrad",
+            "convert",
+            "--no-compile",
+            "--stdout",
+            "ops.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0 and "_compiled" not in run.stdout
+    (tmp_path / "ops_grad.py").unlink()
+    hooked = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import s2sgrad; s2sgrad.install_import_hook(); import ops_grad, inspect; print(inspect.getsource(ops_grad))",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert hooked.returncode == 0, hooked.stderr
+    assert "compiled_cube_forward = _compiled(cube_forward)" in hooked.stdout
+    (tmp_path / "pyproject.toml").write_text("[tool.s2sgrad]\ncompile = 1\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "s2sgrad", "convert", "ops.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and "'compile' must be true or false" in run.stderr
+
+
+def test_without_a_cxx_compiler_the_op_says_so(tmp_path):
+    script = textwrap.dedent("""
+        import torch
+        from s2sgrad import transform
+        source = open("ops.py").read()
+        namespace = {"__name__": "ops_grad"}
+        exec(compile(transform(source, "ops.py", compile=True), "ops_grad.py", "exec"), namespace)
+        x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+        try:
+            namespace["cube"](x)
+        except RuntimeError as error:
+            print("ERROR", error)
+        """)
+    (tmp_path / "ops.py").write_text(OPS)
+    (tmp_path / "check.py").write_text(script)
+    env = {
+        **os.environ,
+        "CXX": str(tmp_path / "no-such-compiler"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    run = subprocess.run(
+        [sys.executable, "check.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "ERROR `cube_forward` runs compiled (s2sgrad compile=true)" in run.stdout, (
+        run.stdout + run.stderr[-2000:]
+    )
+    assert "# s2sgrad: compile=false" in run.stdout and "--compile" in run.stdout
