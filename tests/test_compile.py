@@ -47,33 +47,28 @@ def compiled_module(module: str) -> types.ModuleType:
 
 
 def _orders(outs, tensors, seed):
-    """Gradients of orders 1-3 of random weighted sums; the first also without
-    create_graph (the compiled first-order backward)."""
+    """Gradients of orders 1-3 of random weighted sums. Each order is taken twice: first
+    without create_graph (the compiled backward of that order: f_backward at order 1,
+    f_backward's compiled joint graph at order 2) and then with it (its node's second
+    backward: the eager path), which the next order differentiates."""
     gen = torch.Generator().manual_seed(seed)
-    outs = [o for o in as_tuple(outs) if o.requires_grad]
-    weights = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
-    plain = torch.autograd.grad(
-        outs,
-        tensors,
-        weights,
-        retain_graph=True,
-        allow_unused=True,
-        materialize_grads=True,
-    )
-    found = [list(plain)]
-    level = outs
+    level = [o for o in as_tuple(outs) if o.requires_grad]
+    found = []
     for _ in range(3):
         weights = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in level]
         pairs = [(o, w) for o, w in zip(level, weights, strict=True) if o.requires_grad]
-        grads = torch.autograd.grad(
-            [o for o, _ in pairs],
-            tensors,
-            [w for _, w in pairs],
-            create_graph=True,
-            allow_unused=True,
-            materialize_grads=True,
-        )
-        found.append(list(grads))
+        outputs, cotangents = [o for o, _ in pairs], [w for _, w in pairs]
+        for create in (False, True):
+            grads = torch.autograd.grad(
+                outputs,
+                tensors,
+                cotangents,
+                retain_graph=True,
+                create_graph=create,
+                allow_unused=True,
+                materialize_grads=True,
+            )
+            found.append(list(grads))
         level = list(grads)
     return found
 
@@ -91,11 +86,8 @@ def test_compiled_op_matches_closure_at_orders_1_to_3(module, name, factory):
     got, want = _orders(out, tensors, 1), _orders(ref, tensors, 1)
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
         for i, (a, b) in enumerate(zip(g, w, strict=True)):
-            _close(
-                a,
-                b,
-                f"{'first order without create_graph' if k == 0 else f'order {k}'}, input {i}",
-            )
+            how = "with" if k % 2 else "without"
+            _close(a, b, f"order {k // 2 + 1} {how} create_graph, input {i}")
 
 
 def test_dependent_saved_values_backward_twice_and_no_grad():

@@ -201,25 +201,32 @@ def _no_jvp(error: NotImplementedError) -> NotImplementedError:
 '''.lstrip()
 
 
-#: The runtime of `compile=true` (design.md, "Compiled mode"): f_forward, and
-#: f_backward at first order, run inductor-compiled; a differentiated backward runs
-#: the eager f_backward, so every order stays right.
+#: The runtime of `compile=true` (design.md, "Compiled mode"): f_forward, f_backward
+#: and f_backward's own gradient at the next order run inductor-compiled; beyond, eager.
 COMPILED_RUNTIME = '''
-# Compiled mode (compile=true): inductor runs f_forward, and f_backward at first order.
-# Where compiled code cannot run, or is differentiated (a double backward: torch.compile
-# does not differentiate what it compiled twice), the same function runs eagerly.
+# Compiled mode (compile=true): inductor runs f_forward, f_backward, and f_backward's
+# own gradient once (a double backward). Beyond that, and where compiled code cannot
+# run, the same functions run eagerly, so every order stays right.
 
 
-def _compiled(function: Any) -> Any:
-    """`function` compiled by inductor, whole graph, where compiled code can run."""
+def _compiled(function: Any, differentiable: bool = False) -> Any:
+    """`function` compiled by inductor, whole graph, where compiled code can run; a
+    `differentiable` one (f_backward) also when differentiated, through `_Twice`."""
     compiled = torch.compile(function, fullgraph=True)
+    eager = False
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        nonlocal compiled
-        if torch.is_grad_enabled() or _eager_here():
+        nonlocal eager
+        grad = torch.is_grad_enabled()
+        if eager or _eager_here() or (grad and not differentiable):
             return function(*args, **kwargs)
         try:
-            return compiled(*args, **kwargs)  # type: ignore[no-untyped-call]
+            if not grad:
+                return compiled(*args, **kwargs)  # type: ignore[no-untyped-call]
+            tensors: list[Tensor] = []
+            template = _flatten((args, kwargs), tensors)
+            found = _Twice.apply(function, compiled, template, *tensors)  # type: ignore[no-untyped-call]
+            return _rebuild(found[-1], iter(found[:-1]))
         except Exception as error:
             if not type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
                 raise
@@ -227,10 +234,89 @@ def _compiled(function: Any) -> Any:
             if type(error).__name__ != "FailOnRecompileLimitHit":
                 raise _compile_failed(function, error) from error
             warnings.warn(f"`{function.__name__}`: too many shapes; eager from here on")
-            compiled = function
+            eager = True
             return result
 
     return run
+
+
+class _Twice(torch.autograd.Function):
+    """f_backward, differentiable: its forward runs the compiled f_backward with
+    autograd (one joint graph), its backward that graph's backward once, else an eager
+    VJP on fresh aliases (partial derivatives, differentiable to any order)."""
+
+    @staticmethod
+    def forward(function: Any, compiled: Any, template: Any, *tensors: Tensor) -> Any:
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
+            args, kwargs = _rebuild(template, iter(leaves))
+            outputs: list[Tensor] = []
+            found = _flatten(compiled(*args, **kwargs), outputs)
+        return (*(o.detach() for o in outputs), (leaves, outputs), found)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Context, output: Any) -> None:
+        ctx.function, _, ctx.template = inputs[:3]
+        ctx.inner = output[-2]
+        ctx.save_for_backward(*inputs[3:])
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx: Any, *cotangents: Grad) -> Any:
+        tensors = ctx.saved_tensors
+        create = torch.is_grad_enabled()
+        if create or ctx.inner is None:  # order 3 and up, or a second backward
+            with torch.enable_grad():
+                sources = [t.view_as(t) if t.requires_grad else t for t in tensors]
+                args, kwargs = _rebuild(ctx.template, iter(sources))
+                outputs: list[Tensor] = []
+                _flatten(ctx.function(*args, **kwargs), outputs)
+        else:
+            (sources, outputs), ctx.inner = ctx.inner, None
+        wanted = [i for i, t in enumerate(sources) if t.requires_grad]
+        pairs = [
+            (o, c)
+            for o, c in zip(outputs, cotangents[:-2], strict=True)
+            if c is not None and o.requires_grad
+        ]
+        grads: list[Grad] = [None] * len(tensors)
+        if pairs and wanted:
+            found = torch.autograd.grad(
+                [o for o, _ in pairs],
+                [sources[i] for i in wanted],
+                [c for _, c in pairs],
+                create_graph=create,
+                allow_unused=True,
+            )
+            for i, grad in zip(wanted, found, strict=True):
+                grads[i] = grad
+        return (None, None, None, *grads)
+
+
+def _flatten(value: Any, tensors: list[Tensor]) -> Any:
+    """`value` as a hashable template with `_SLOT` for each tensor, put in `tensors`."""
+    if isinstance(value, Tensor):
+        tensors.append(value)
+        return _SLOT
+    if type(value) in (tuple, list):
+        return (type(value), tuple(_flatten(v, tensors) for v in value))
+    if type(value) is dict:
+        return (dict, tuple((k, _flatten(v, tensors)) for k, v in value.items()))
+    return value
+
+
+def _rebuild(template: Any, tensors: Iterator[Tensor]) -> Any:
+    """The value `_flatten` made `template` of, with `tensors` in its slots."""
+    if template is _SLOT:
+        return next(tensors)
+    if type(template) is tuple and template[:1] in ((tuple,), (list,)):
+        return template[0](_rebuild(t, tensors) for t in template[1])
+    if type(template) is tuple and template[:1] == (dict,):
+        return {k: _rebuild(t, tensors) for k, t in template[1]}
+    return template
+
+
+_SLOT = "s2sgrad: a tensor goes here"  # no constant of f_backward is this string
 
 
 def _eager_here() -> bool:
@@ -334,7 +420,7 @@ def _imports(
         "from torch.autograd import forward_ad",
     ]
     if "_compiled" in read:
-        extra.append("import warnings")
+        extra += ["import warnings", "from collections.abc import Iterator"]
     if types.TENSOR in read:
         extra.append(f"from torch import {types.TENSOR}")
     if any(item.once_differentiable for item in lifted):
@@ -410,6 +496,10 @@ _OWN_NAMES = (
     "_differentiable",
     "_no_jvp",
     "_compiled",
+    "_Twice",
+    "_flatten",
+    "_rebuild",
+    "_SLOT",
     "_eager_here",
     "_compile_failed",
     "_accumulate",
@@ -428,6 +518,7 @@ _IMPORTED = {
     "linecache": "import linecache",
     "traceback": "import traceback",
     "warnings": "import warnings",
+    "Iterator": "from collections.abc import Iterator",
     "forward_ad": "from torch.autograd import forward_ad",
 }
 

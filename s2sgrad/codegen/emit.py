@@ -90,7 +90,9 @@ def emit(
                     ),
                 ]
             ),
-            cst.parse_statement(f"{pair[1]} = _compiled({names.backward})\n"),
+            cst.parse_statement(
+                f"{pair[1]} = _compiled({names.backward}, differentiable=True)\n"
+            ),
         ]
     elif names.forward.startswith("__"):
         # Python mangles `__name` inside a class body: the Function calls the pair
