@@ -45,6 +45,7 @@ import torch.utils.benchmark as tbench  # noqa: E402
 
 from benchmarks import (  # noqa: E402
     cases,
+    compiled_mode,  # noqa: E402
     convert_speed,  # noqa: E402
     generated_size,  # noqa: E402
     handwritten,
@@ -622,6 +623,24 @@ def summarize(
                     tool["check_lines_per_s"] >= TARGETS["check_lines_per_s"],
                 )
             )
+    compiled = tool.get("compiled") if tool else None
+    if compiled:
+        t.append(
+            (
+                f"`--compile` fwd+bwd / torch.compile of the closure <= "
+                f"{compiled['target_fb']} (geomean)",
+                f"{compiled['geomean_fb']:.2f} over {len(compiled['rows'])} op-sizes",
+                compiled["geomean_fb"] <= compiled["target_fb"],
+            )
+        )
+        t.append(
+            (
+                f"`--compile` double backward / eager <= {compiled['target_db']} "
+                "(geomean)",
+                f"{compiled['geomean_db']:.2f}",
+                compiled["geomean_db"] <= compiled["target_db"],
+            )
+        )
     size = tool.get("size") if tool else None
     if size:
         t.append(
@@ -927,6 +946,30 @@ def report(
             f"`{size['worst'][0]}`)"
         )
         w("")
+    compiled = tool.get("compiled") if tool else None
+    if compiled:
+        w("## Compiled mode (`--compile`)")
+        w("")
+        w(
+            "`python benchmarks/compiled_mode.py`: each sample op converted with "
+            "`compile=true`, float32, one thread, medium and large sizes. fwd+bwd against "
+            "`torch.compile(closure forward, fullgraph=True)` (default dynamic); double "
+            "backward (forward, gradients with create_graph, gradient of their sum) against "
+            "eager autograd through the closure, since torch.compile of the closure refuses "
+            "double backward. First-call seconds exclude inductor's one-time start-up "
+            f"({compiled['startup_s']:.1f} s in this process); graphs are those dynamo "
+            "captured for that op and shape."
+        )
+        w("")
+        w(
+            f"Geomean: fwd+bwd **{compiled['geomean_fb']:.2f}x** compiled eager (target <= "
+            f"{compiled['target_fb']}), double backward **{compiled['geomean_db']:.2f}x** "
+            f"eager (target <= {compiled['target_db']})."
+        )
+        w("")
+        for line in compiled_mode.markdown(compiled):
+            w(line)
+        w("")
     calls = tool.get("per_call") if tool else None
     if calls:
         w("## Per-call cost of the generated op")
@@ -1049,6 +1092,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-import-hook", action="store_true", help="skip benchmarks/import_hook.py"
     )
     p.add_argument(
+        "--no-compiled-mode",
+        action="store_true",
+        help="skip benchmarks/compiled_mode.py (compile=true against torch.compile)",
+    )
+    p.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -1147,6 +1195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tool["size"] = generated_size.measure()
     log("per-call cost")
     tool["per_call"] = per_call.measure(rounds=1 if cfg.quick else 3)
+    if not cfg.no_compiled_mode:
+        log("compiled mode (compile=true)")
+        tool["compiled"] = compiled_mode.measure(quick=cfg.quick, log=log)
     hook = {"status": "skipped"} if cfg.no_import_hook else import_hook_overhead(log)
     elapsed = time.perf_counter() - started
     machine_lines = machine(cfg.threads, load_start)
