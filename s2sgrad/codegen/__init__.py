@@ -221,12 +221,13 @@ def _compiled(function: Any, differentiable: bool = False) -> Any:
         if eager or _eager_here() or (grad and not differentiable):
             return function(*args, **kwargs)
         try:
-            if not grad:
-                return compiled(*args, **kwargs)  # type: ignore[no-untyped-call]
-            tensors: list[Tensor] = []
-            template = _flatten((args, kwargs), tensors)
-            found = _Twice.apply(function, compiled, template, *tensors)  # type: ignore[no-untyped-call]
-            return _rebuild(found[-1], iter(found[:-1]))
+            with _recompiles():
+                if not grad:
+                    return compiled(*args, **kwargs)  # type: ignore[no-untyped-call]
+                tensors: list[Tensor] = []
+                template = _flatten((args, kwargs), tensors)
+                found = _Twice.apply(function, compiled, template, *tensors)  # type: ignore[no-untyped-call]
+                return _rebuild(found[-1], iter(found[:-1]))
         except Exception as error:
             if not type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
                 raise
@@ -238,6 +239,15 @@ def _compiled(function: Any, differentiable: bool = False) -> Any:
             return result
 
     return run
+
+
+def _recompiles() -> Any:
+    """Room for 64 graphs per function, not torch's 8: f_backward has one per pattern of
+    absent gradients, grad mode and shape class (private torch API, else as is)."""
+    try:
+        return torch._dynamo.config.patch(recompile_limit=64)
+    except (AttributeError, KeyError):
+        return contextlib.nullcontext()
 
 
 class _Twice(torch.autograd.Function):
@@ -420,7 +430,11 @@ def _imports(
         "from torch.autograd import forward_ad",
     ]
     if "_compiled" in read:
-        extra += ["import warnings", "from collections.abc import Iterator"]
+        extra += [
+            "import contextlib",
+            "import warnings",
+            "from collections.abc import Iterator",
+        ]
     if types.TENSOR in read:
         extra.append(f"from torch import {types.TENSOR}")
     if any(item.once_differentiable for item in lifted):
@@ -500,6 +514,7 @@ _OWN_NAMES = (
     "_flatten",
     "_rebuild",
     "_SLOT",
+    "_recompiles",
     "_eager_here",
     "_compile_failed",
     "_accumulate",
@@ -518,6 +533,7 @@ _IMPORTED = {
     "linecache": "import linecache",
     "traceback": "import traceback",
     "warnings": "import warnings",
+    "contextlib": "import contextlib",
     "Iterator": "from collections.abc import Iterator",
     "forward_ad": "from torch.autograd import forward_ad",
 }
