@@ -647,7 +647,8 @@ def summarize(
             (
                 f"generated / source lines over samples/ <= {TARGETS['size_ratio']}, "
                 f"median per differentiator <= {TARGETS['size_median']}",
-                f"{size['ratio']:.2f} ({size['generated_lines']} / {size['source_lines']}); "
+                f"{size['ratio']:.2f} ({size['generated_lines']} / {size['source_lines']}; "
+                f"{size['ratio_without_runtime']:.2f} without the shared runtime); "
                 f"median {size['median_per_differentiator']:.2f} "
                 f"(worst {size['worst'][1]:.1f} `{size['worst'][0]}`)",
                 size["ratio"] <= TARGETS["size_ratio"]
@@ -938,7 +939,10 @@ def report(
         w("")
         w(
             f"- over samples/: {size['generated_lines']} / {size['source_lines']} = "
-            f"**{size['ratio']:.2f}**"
+            f"**{size['ratio']:.2f}**; of those lines, {size['runtime_lines']} are the "
+            "runtime every module carries (Function.apply without signature binding, "
+            "forward mode), the same text in each: without it "
+            f"{size['ratio_without_runtime']:.2f}"
         )
         w(
             f"- median per differentiator: **{size['median_per_differentiator']:.2f}** "
