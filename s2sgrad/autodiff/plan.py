@@ -752,25 +752,40 @@ def _replay(
 
     A leaf is a value without gradient that forward finished computing before the
     first replayed statement reading it: it is saved and passed in, not replayed.
-    Everything else a replayed statement reads is replayed too (or is an input).
+    Everything else a replayed statement reads is replayed too (or is an input). A
+    value that a replayed statement also binds (`t1, c3 = t1 * a, torch.ones_like(x)`)
+    cannot be a leaf, since the replay would rebind it: it is replayed with every
+    statement that changes it (`c3.mul_(0.5)`), which takes another pass.
     """
     written = [writes(s) for s in statements]
-    needed = set(wanted)
-    kept: list[int] = []
-    leaves: dict[str, None] = {}
-    replayed: set[str] = set()
-    for i in reversed(range(len(statements))):
-        if not written[i] & needed:
-            continue
-        kept.append(i)
-        replayed |= written[i]
-        for name in sorted(_names_read(statements[i])):
-            value = values.get(name)
-            writers = [j for j, w in enumerate(written) if name in w]
-            if value is not None and not value.diff and writers and max(writers) < i:
-                leaves[name] = None
-            else:
-                needed.add(name)
+    replayed_too: set[str] = set()
+    while True:
+        needed = set(wanted)
+        kept: list[int] = []
+        leaves: dict[str, None] = {}
+        replayed: set[str] = set()
+        for i in reversed(range(len(statements))):
+            if not written[i] & needed:
+                continue
+            kept.append(i)
+            replayed |= written[i]
+            for name in sorted(_names_read(statements[i])):
+                value = values.get(name)
+                writers = [j for j, w in enumerate(written) if name in w]
+                if (
+                    value is not None
+                    and not value.diff
+                    and writers
+                    and max(writers) < i
+                    and name not in replayed_too
+                ):
+                    leaves[name] = None
+                else:
+                    needed.add(name)
+        clobbered = {name for name in leaves if name in replayed} - replayed_too
+        if not clobbered:
+            break
+        replayed_too |= clobbered
     order = [name for name in leaves if name not in replayed and name not in needed]
     return [statements[i] for i in sorted(kept)], order
 
