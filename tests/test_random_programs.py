@@ -4,7 +4,7 @@ For every drawn program: the transform succeeds, its output compiles and is blac
 the lifted pair (`f_forward`/`f_backward`, no autograd) reproduces the closure and its
 backward, and the generated op's outputs and gradients of orders 1, 2 and 3 (of random
 weighted sums, some outputs left without gradient) equal torch.autograd of the closure's
-own forward. A separate test checks the generator itself: the closure's hand-written
+own forward, and so do its tangents under `forward_ad`. A separate test checks the generator itself: the closure's hand-written
 backward equals torch.autograd of its forward, so a wrong reference formula shows up
 there, not as an s2sgrad bug.
 
@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from hypothesis import HealthCheck, given, note, reject, settings
 from hypothesis.errors import InvalidArgument
 from strategies import Param, Program, programs
@@ -112,7 +113,9 @@ def forget_module(program: Program) -> None:
         sys.modules.pop(program.module_name, None)
 
 
-def generate(source: str, module_name: str | None = None, policy: str = "promote") -> str:
+def generate(
+    source: str, module_name: str | None = None, policy: str = "promote"
+) -> str:
     """transform (whose guard, under tests/conftest.py, checks that the text compiles
     and is black-stable)."""
     return transform(source, "gen.py", module_name, policy=policy)
@@ -138,7 +141,11 @@ def cotangents(program: Program, outputs: list[Any], salt: int) -> list[Any]:
     """Random cotangents shaped like the outputs (a list for a list output)."""
     weights = iter(program.weights([tuple(t.shape) for t in flat(outputs)], salt))
     return [
-        [next(weights) for _ in out] if isinstance(out, (list, tuple)) else next(weights)
+        (
+            [next(weights) for _ in out]
+            if isinstance(out, (list, tuple))
+            else next(weights)
+        )
         for out in outputs
     ]
 
@@ -206,7 +213,12 @@ def grads(
     if not tensors:
         return [[] for _ in range(orders)]
     current = torch.autograd.grad(
-        used, tensors, weights, create_graph=True, allow_unused=True, materialize_grads=True
+        used,
+        tensors,
+        weights,
+        create_graph=True,
+        allow_unused=True,
+        materialize_grads=True,
     )
     result = [list(current)]
     for order in range(2, orders + 1):
@@ -214,7 +226,11 @@ def grads(
         total = sum((g * v).sum() for g, v in zip(current, vs, strict=True))
         if isinstance(total, torch.Tensor) and total.requires_grad:
             current = torch.autograd.grad(
-                total, tensors, create_graph=True, allow_unused=True, materialize_grads=True
+                total,
+                tensors,
+                create_graph=True,
+                allow_unused=True,
+                materialize_grads=True,
             )
         else:  # the previous gradients do not depend on the inputs
             current = tuple(torch.zeros_like(t) for t in tensors)
@@ -267,7 +283,9 @@ def _check_generated(program: Program) -> None:
     with torch.no_grad():
         result, ctx = module[f"{program.name}_forward"](*args, **kwargs)
         got = param_gradients(program, module[f"{program.name}_backward"](ctx, *given))
-    for i, (a, b) in enumerate(zip(flat(outputs_of(program, result)), flat(ref_outs), strict=True)):
+    for i, (a, b) in enumerate(
+        zip(flat(outputs_of(program, result)), flat(ref_outs), strict=True)
+    ):
         close(a, b, f"{program.name}_forward output {i}")
     assert len(got) == len(expected)
     for (name, a), (_, b) in zip(got, expected, strict=True):
@@ -287,9 +305,61 @@ def _check_generated(program: Program) -> None:
     expected_grads = grads(ref_outs, tensors, program)
     got_grads = grads(outs, tensors, program)
     names = [name for name, _ in expected]
-    for order, (got_k, expected_k) in enumerate(zip(got_grads, expected_grads, strict=True), 1):
+    for order, (got_k, expected_k) in enumerate(
+        zip(got_grads, expected_grads, strict=True), 1
+    ):
         for name, a, b in zip(names, got_k, expected_k, strict=True):
             close(a, b, f"order-{order} gradient of {name}")
+
+    # Forward mode: the op's tangents are the closure forward's, under forward_ad.
+    check_forward_mode(program, closure, op, args, kwargs, tensors)
+
+
+def check_forward_mode(program, closure, op, args, kwargs, tensors) -> None:
+    """Tangents of the op's outputs equal those of the closure's forward (forward_ad)."""
+    if not tensors:
+        return
+    tangents = program.weights([tuple(t.shape) for t in tensors], salt=11)
+    found = []
+    for f, first in ((closure, True), (op, False)):
+        with fwAD.dual_level():
+            duals = {
+                id(t): fwAD.make_dual(t.detach(), v)
+                for t, v in zip(tensors, tangents, strict=True)
+            }
+            call_args = substitute(list(args), duals)
+            call_kwargs = substitute(dict(kwargs), duals)
+            try:
+                out = f(*call_args, **call_kwargs)
+            except NotImplementedError:
+                if first:  # torch has no forward formula for an op the program uses
+                    return
+                raise
+            out = split_result(out)[0] if first else out
+            found.append(
+                [fwAD.unpack_dual(o).tangent for o in flat(outputs_of(program, out))]
+            )
+    for i, (a, b) in enumerate(zip(found[1], found[0], strict=True)):
+        if b is None:
+            assert (
+                a is None or not a.abs().any()
+            ), f"tangent of output {i}: expected none"
+        else:
+            assert a is not None, f"tangent of output {i}: got none"
+            close(a, b, f"tangent of output {i}")
+
+
+def substitute(value: Any, replacement: dict[int, Any]) -> Any:
+    """`value` with each tensor in `replacement` (by id) replaced, lists included."""
+    if isinstance(value, torch.Tensor):
+        return replacement.get(id(value), value)
+    if isinstance(value, list):
+        return [substitute(v, replacement) for v in value]
+    if isinstance(value, tuple):
+        return tuple(substitute(v, replacement) for v in value)
+    if isinstance(value, dict):
+        return {k: substitute(v, replacement) for k, v in value.items()}
+    return value
 
 
 def check_closure(program: Program) -> None:
@@ -343,10 +413,15 @@ def T(name: str, *shape: int) -> Param:
 
 
 def program(
-    source: str, params: list[Param], n_outputs: int = 1, loss_outputs: list[int] | None = None
+    source: str,
+    params: list[Param],
+    n_outputs: int = 1,
+    loss_outputs: list[int] | None = None,
 ) -> Program:
     name = source.rsplit("\ndef ", 1)[1].split("(", 1)[0]  # the last one
-    return Program(name, source, params, n_outputs, 0, loss_outputs or list(range(n_outputs)))
+    return Program(
+        name, source, params, n_outputs, 0, loss_outputs or list(range(n_outputs))
+    )
 
 
 def check_regression(source: str, params: list[Param], n_outputs: int = 1) -> None:
@@ -579,6 +654,82 @@ def fused(result: torch.Tensor, needs_input_grad: torch.Tensor, dim: int):
     )
 
 
+def test_regression_recompute_replays_the_in_place_change_of_a_value_it_rebinds() -> (
+    None
+):
+    """`hs6` is recomputed (a loop fills it); its replay rebinds `c3` in the tuple
+    assignment, so `c3` cannot be passed in: the replay must keep `c3.mul_(0.5)` too.
+    It dropped it, and backward read `c3` as ones (first-order gradient off by 2 %)."""
+    check_regression(
+        """import torch
+
+
+def f(inp: torch.Tensor, *, alpha: float = 1.0, flag: bool = False, dim: int):
+    t1 = inp @ inp.t()
+    t1, c3 = t1 * alpha, torch.ones_like(inp)
+    c3.mul_(0.5)
+    t4 = t1 * torch.exp(-torch.tanh(c3))
+    t5, hs6 = inp.cos(), [None] * 2
+    for i in range(2):
+        hs6[i] = torch.tanh(t4 * (i + 1.0))
+    t7 = hs6[0] + sum(hs6[1:])
+    def backward(g1, g2, g3):
+        g_t4 = (g3) * sum((i + 1.0) * (1.0 - h * h) for i, h in enumerate(hs6))
+        g_inp = -(g1 * inp.sin())
+        g_t2 = g2 + ((g_t4 / torch.exp(torch.tanh(c3))).sum_to_size(t1.shape))
+        g_t1 = g_t2 * alpha
+        g_inp = g_inp + (g_t1 @ inp)
+        g_inp = g_inp + (g_t1.t() @ inp)
+        return g_inp, None, None, None
+    return (t5, t1, t7), backward
+""",
+        [
+            T("inp", 3, 3),
+            Param("alpha", "float", value=1.5, keyword_only=True),
+            Param("flag", "bool", value=False, keyword_only=True),
+            Param("dim", "int", value=0, keyword_only=True),
+        ],
+        n_outputs=3,
+    )
+
+
+def test_regression_forward_mode_with_one_tensor_returned_twice() -> None:
+    """Forward mode sets one tangent per output tensor: the jvp Function clones the
+    second copy (torch asserted "Only inplace operations can re-set the forward grad").
+    """
+    check_regression(
+        """import torch
+
+
+def f(x: torch.Tensor):
+    t = x * 2.0
+    def backward(g1, g2, g3):
+        return g1 * x.cos() + 2.0 * (g2 + g3)
+    return (x.sin(), t, t), backward
+""",
+        [T("x", 2, 3)],
+        n_outputs=3,
+    )
+
+
+def test_regression_forward_mode_with_a_detached_view_of_the_input() -> None:
+    """`torch.detach(x)` carries no gradient (a probe in opfacts): a constant, saved and
+    not returned, so forward mode never sees a view of the input without a tangent."""
+    check_regression(
+        """import torch
+
+
+def f(inp: torch.Tensor):
+    c1 = torch.detach(inp)
+    def backward(g1, g2):
+        return torch.cat(g1) + g2 @ c1
+    return (torch.chunk(inp, 2), torch.matmul(inp, c1.T)), backward
+""",
+        [T("inp", 4, 3)],
+        n_outputs=2,
+    )
+
+
 def test_helper_returning_its_argument_is_returned_as_a_view() -> None:
     """Next to the bug above: a module-level helper may return its argument too."""
     source = """import torch
@@ -615,4 +766,3 @@ def f(x: torch.Tensor):
         [T("x", 3)],
         n_outputs=2,
     )
-

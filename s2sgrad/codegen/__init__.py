@@ -108,6 +108,9 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
     """`function` with a `jvp`. Its input tensors are saved after what its backward
     reads, for backward and forward alike (torch.func tracks one set)."""
 
+    def forward(*args: Any) -> Any:
+        return _distinct(function.forward(*args))
+
     def setup_context(ctx: Any, inputs: Context, output: Any) -> None:
         function.setup_context(kept := _Kept(ctx), inputs, output)
         where = [i for i, x in enumerate(inputs) if isinstance(x, Tensor)]
@@ -124,10 +127,10 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
         start, where, inputs = getattr(ctx, _JVP)
         for i, tensor in zip(where, ctx.saved_tensors[start:], strict=True):
             inputs[i] = tensor
-        return _jvp(function.forward, inputs, tangents)
+        return _distinct(_jvp(function.forward, inputs, tangents))
 
-    own: dict[str, Any] = {"setup_context": setup_context, "backward": backward}
-    own["jvp"] = jvp
+    own: dict[str, Any] = {"forward": forward, "setup_context": setup_context}
+    own.update(backward=backward, jvp=jvp)
     return type(function.__name__, (function,), {k: staticmethod(v) for k, v in own.items()})
 
 
@@ -177,6 +180,21 @@ def _jvp(forward: Any, inputs: list[Any], tangents: tuple[Grad, ...]) -> Any:
     out = iter(found)
     out_tangents = [next(out) if _differentiable(o) else None for o in _outputs(result[0])]
     return tuple(out_tangents) if isinstance(result[0], tuple) else out_tangents[0]
+
+
+def _distinct(outputs: Any) -> Any:
+    """`outputs` with a second copy of a tensor cloned: forward mode gives each output
+    tensor its own tangent, where the closure may return one tensor twice."""
+    if not isinstance(outputs, tuple):
+        return outputs
+    seen: set[int] = set()
+    found = []
+    for o in outputs:
+        if isinstance(o, Tensor) and id(o) in seen:
+            o = o.clone()
+        seen.add(id(o))
+        found.append(o)
+    return tuple(found)
 
 
 def _outputs(result: Any) -> tuple[Any, ...]:
@@ -507,6 +525,7 @@ _OWN_NAMES = (
     "_JVP",
     "_unpack_dual",
     "_outputs",
+    "_distinct",
     "_differentiable",
     "_no_jvp",
     "_compiled",

@@ -10,7 +10,8 @@ It reads what torch itself says about its operators and writes one deterministic
   signature and return annotation, TorchScript's `boolean_dispatch` functions
   (`max_pool2d(..., return_indices=...)`) by the flag that picks the return, and the
   tensor methods aten does not have (`x.long()`, `x.tolist()`) by calling them once;
-- which operators carry no gradient: torchgen's `DONT_REQUIRE_DERIVATIVE`, the outputs
+- which operators carry no gradient: torchgen's `DONT_REQUIRE_DERIVATIVE`, the probes
+  of `NOGRAD_PROBES` (`detach`, which autograd implements by hand), the outputs
   `derivatives.yaml` marks non-differentiable, the ones whose every derivative formula is
   zero, and index outputs (`max.dim`'s `indices`);
 - views (`RETURNS_VIEWS_OF_INPUT`, schema alias annotations), operators that may hand
@@ -73,6 +74,13 @@ RETURNS_INPUT_PROBES: dict[str, Callable[[torch.Tensor], object]] = {
     "flatten": lambda x: x.flatten(),
     "to_dense": lambda x: x.to_dense(),
 }
+
+#: Operators whose result never carries a gradient although derivatives.yaml does not say
+#: so (autograd implements them by hand), each with a call that shows it.
+NOGRAD_PROBES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "detach": lambda x: x.detach(),
+}
+
 
 #: Operators whose schema says the result may alias an input but that always build a
 #: new tensor object (a view or a copy), each with a call that shows a new object.
@@ -179,6 +187,11 @@ def _zero_formula(value: object) -> bool:
 def _no_gradient() -> tuple[set[str], dict[str, list[bool]]]:
     """Operators whose outputs never carry a gradient, and per-overload output flags."""
     names = set(DONT_REQUIRE_DERIVATIVE)
+    x = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    for name, probe in NOGRAD_PROBES.items():
+        if probe(x).requires_grad:
+            raise AssertionError(f"probe of `{name}` now carries a gradient")
+        names.add(name)
     outputs: dict[str, list[bool]] = {}
     for entry in _derivatives():
         signature = str(entry["name"]).split("(")[0]

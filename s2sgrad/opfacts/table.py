@@ -2184,6 +2184,7 @@ NOGRAD: frozenset[str] = frozenset({
     'col_indices',
     'count_nonzero',
     'crow_indices',
+    'detach',
     'empty_like',
     'eq',
     'eq_',
