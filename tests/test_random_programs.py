@@ -417,16 +417,25 @@ def program(
     params: list[Param],
     n_outputs: int = 1,
     loss_outputs: list[int] | None = None,
+    listed: list[bool] | None = None,
 ) -> Program:
     name = source.rsplit("\ndef ", 1)[1].split("(", 1)[0]  # the last one
     return Program(
-        name, source, params, n_outputs, 0, loss_outputs or list(range(n_outputs))
+        name,
+        source,
+        params,
+        n_outputs,
+        0,
+        loss_outputs or list(range(n_outputs)),
+        listed_outputs=listed or [],
     )
 
 
-def check_regression(source: str, params: list[Param], n_outputs: int = 1) -> None:
+def check_regression(
+    source: str, params: list[Param], n_outputs: int = 1, listed: list[bool] | None = None
+) -> None:
     """Both properties on one fixed program, known bugs included."""
-    prog = program(source, params, n_outputs)
+    prog = program(source, params, n_outputs, listed=listed)
     check_closure(prog)  # the program itself is right
     check_generated(prog, skip_known_bugs=False)
 
@@ -690,6 +699,42 @@ def f(inp: torch.Tensor, *, alpha: float = 1.0, flag: bool = False, dim: int):
             Param("dim", "int", value=0, keyword_only=True),
         ],
         n_outputs=3,
+    )
+
+
+def test_regression_recompute_reads_a_rebound_parameter_without_gradient() -> None:
+    """`bias` gets no gradient and forward rebinds it before the replayed statements:
+    it is a leaf (its rebound value, saved), and was also passed as the parameter,
+    which gave `fused_recompute(inp, bias, bias)` (generated code did not compile)."""
+    check_regression(
+        """import torch
+
+
+def fused(inp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *, flag: bool = False, dim: int):
+    bias = bias.add(bias)
+    c2, hs3 = bias.detach(), [None] * 3
+    for i in range(3):
+        hs3[i] = torch.tanh(inp * (i + 1.0) + c2)
+    forward, t5 = hs3[0] + sum(hs3[1:]), inp.softmax(dim)
+    forward = forward / 4.0
+    def backward(dout1s, dout2, dout3, dout4):
+        g_t5 = torch.stack(dout1s)
+        g_weight = torch.softmax(weight, dim) * (dout3 - (dout3 * torch.softmax(weight, dim)).sum(dim, keepdim=True))
+        g_forward = dout4 / 4.0
+        g_inp = dout2 + (t5 * (g_t5 - (g_t5 * t5).sum(dim, keepdim=True)))
+        g_inp = g_inp + ((g_forward) * sum((i + 1.0) * (1.0 - h * h) for i, h in enumerate(hs3)))
+        return g_inp, g_weight, None, None, None
+    return (torch.unbind(t5), inp, weight.softmax(dim), forward), backward
+""",
+        [
+            T("inp", 4, 2),
+            T("weight", 4, 1),
+            T("bias", 4, 1),
+            Param("flag", "bool", value=True, keyword_only=True),
+            Param("dim", "int", value=0, keyword_only=True),
+        ],
+        n_outputs=4,
+        listed=[True, False, False, False],
     )
 
 

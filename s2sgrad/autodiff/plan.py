@@ -551,7 +551,9 @@ class Planner:
         statements, leaves = _replay(self.diff.statements, wanted, self.lifted.values)
         self._check_replay(statements, recompute)
         reads = set().union(*(_names_read(s) for s in statements))
-        params = [p.name for p in self.diff.params if p.name in reads]
+        # A parameter forward rebinds before the replay is a leaf (its value then),
+        # not the argument.
+        params = [p.name for p in self.diff.params if p.name in reads - set(leaves)]
         args = []
         for param in params:
             version = self.program.params[param]
