@@ -1,6 +1,7 @@
 """`compile=true` against torch.compile of the closure and against eager autograd.
 
-For each sample op at the `medium` and `large` sizes of benchmarks/cases.py (float32,
+For the sample ops whose forward is more than one op (`OPS`; `--all` for every one), at
+the `medium` and `large` sizes of benchmarks/cases.py (float32,
 one thread, median of torch.utils.benchmark's blocked_autorange):
 
 - fwd+bwd: the op converted with `compile=true` against `torch.compile` of the
@@ -40,6 +41,20 @@ from s2sgrad import transform  # noqa: E402
 SIZES = ("medium", "large")
 TARGET_FB, TARGET_DB = 1.05, 0.7
 QUICK = [("normalization", "layer_norm")]
+#: The samples whose forward is more than one op (where compiling has work to fuse), as
+#: in the prototype plus the others of that kind; `--all` takes every sample.
+OPS = [
+    ("temporary", "add_mul"),
+    ("normalization", "layer_norm"),
+    ("normalization", "rms_norm"),
+    ("softmax", "softmax"),
+    ("softmax", "log_softmax"),
+    ("attention", "attention"),
+    ("attention", "causal_attention"),
+    ("mlp", "mlp"),
+    ("mlp", "relu_mlp"),
+    ("multi_output", "mean_var"),
+]
 
 
 def _compiled_module(module: str) -> types.ModuleType:
@@ -140,9 +155,11 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def measure(quick: bool = False, log: Any = print) -> dict[str, Any]:
+def measure(
+    quick: bool = False, log: Any = print, every: bool = False
+) -> dict[str, Any]:
     torch.set_num_threads(1)
-    ops = QUICK if quick else list(cases.FACTORIES)
+    ops = QUICK if quick else list(cases.FACTORIES) if every else OPS
     sizes = SIZES[:1] if quick else SIZES
     started = time.perf_counter()
     warm = _compiled_module("temporary")  # inductor's one-time start-up, not per op
@@ -187,8 +204,9 @@ def markdown(result: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one op at one size")
+    parser.add_argument("--all", action="store_true", help="every sample op")
     args = parser.parse_args(argv)
-    result = measure(args.quick, log=lambda m: print(m, file=sys.stderr))
+    result = measure(args.quick, lambda m: print(m, file=sys.stderr), args.all)
     print("\n".join(markdown(result)))
     print(
         f"\ngeomean fwd+bwd {result['geomean_fb']:.2f} (target <= {TARGET_FB}), "
