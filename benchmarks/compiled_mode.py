@@ -110,6 +110,9 @@ def _graphs() -> int:
 def measure_one(
     module: str, name: str, size: str, gen: types.ModuleType
 ) -> dict[str, Any]:
+    # Every baseline compiles the same `_bind` closure: a fresh dynamo per case keeps
+    # them from sharing one recompile limit (the op's own graphs are compiled anew).
+    torch._dynamo.reset()
     args, kwargs = cases.make_inputs(module, name, size)
     positions = [
         i
