@@ -168,7 +168,10 @@ class _Rule:
 
     def _per_leaf(self, returned: Any) -> dict[str, Any]:
         """The gradient `backward` returned for each leaf name (None: none given)."""
-        entries = returned if isinstance(returned, tuple) else (returned,)
+        several = isinstance(returned, tuple) or (
+            isinstance(returned, list) and len(self.names) > 1
+        )
+        entries = returned if several else (returned,)
         if len(self.names) == 1 and not isinstance(returned, tuple):
             entries = (returned,)
         by_name: dict[str, Any] = {}
@@ -443,7 +446,9 @@ def _cotangents(
     it = iter(weights)
     if isinstance(result, torch.Tensor):
         return [next(it)]
-    if len(inspect.signature(backward).parameters) == 1:  # a list output
+    parameters = inspect.signature(backward).parameters.values()
+    flat = any(p.kind is p.VAR_POSITIONAL for p in parameters)
+    if len(parameters) == 1 and not flat:  # a list output
         return [[next(it) for _ in result]]
     items = [[next(it) for _ in _tensors(o)] for o in result]
     return [

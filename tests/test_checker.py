@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import checker_rules as rules
+import checker_star_rules
 import pytest
 import torch
 from sample_cases import CASES, load
@@ -92,6 +93,15 @@ def test_a_wrong_list_element_and_a_wrong_second_output():
     assert "`xs[0]`" not in report and "`xs[1]`" not in report
     report = report_of(rules.sincos_wrong, r(2, 3))
     assert "gradient of `x`, order 1" in report
+
+
+def test_star_grads_backward_is_checked_with_one_gradient_per_output():
+    report = report_of(checker_star_rules.sincos_star_wrong, r(2, 3), order=1)
+    assert "gradient of `x`, order 1, your backward: max abs error" in report
+
+
+def test_gradients_listed_in_a_list_are_read_per_parameter():
+    check_gradients(rules.mul_listed, r(2, 3), r(2, 3), order=3)
 
 
 def test_float32_inputs_use_the_same_oracle():

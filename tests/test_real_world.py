@@ -493,6 +493,51 @@ CASES = [
         lambda: ([r(3)], {}),
         gradcheck=False,
     ),
+    Case(
+        "gradients_in_a_list_display",
+        """
+        import torch
+
+        def mul_listed(a: torch.Tensor, b: torch.Tensor):
+            y = a * b
+            def backward(g):
+                return [g * b, g * a]
+            return y, backward
+        """,
+        "mul_listed",
+        lambda: ([r(2, 3), r(2, 3)], {}),
+    ),
+    Case(
+        "gradients_in_a_list_by_name",
+        """
+        import torch
+
+        def sin_mul_listed(a: torch.Tensor, b: torch.Tensor):
+            s = torch.sin(a)
+            y = s * b
+            def backward(g):
+                grads = [g * b * torch.cos(a), g * s]
+                return grads
+            return y, backward
+        """,
+        "sin_mul_listed",
+        lambda: ([r(2, 3), r(2, 3)], {}),
+    ),
+    Case(
+        "gradients_in_a_list_by_name_no_temporary",
+        """
+        import torch
+
+        def mul_list_var(a: torch.Tensor, b: torch.Tensor, k: float = 2.0):
+            y = a * b * k
+            def backward(g):
+                grads = [g * b * k, g * a * k, None]
+                return grads
+            return y, backward
+        """,
+        "mul_list_var",
+        lambda: ([r(2, 3), r(2, 3)], {}),
+    ),
 ]
 
 

@@ -589,8 +589,11 @@ class FunctionWriter:
         """Return one gradient per Function input: None where none can be taken."""
         bare_none = self.diff.returns_bare_none and len(self.inputs) > 1
         plain = [i for i in self.inputs if not i.listed]
-        if all(i.tensor is True for i in plain) and not bare_none and not self.listed:
-            return [f"    return {call}"]
+        # A list, or a name bound to one, reaches autograd as a tuple of its entries.
+        as_is = self.diff.returns_tuples or len(self.inputs) == 1
+        if all(i.tensor is True for i in plain) and as_is and not bare_none:
+            if not self.listed:
+                return [f"    return {call}"]
         grads = self.grads_name
         lines = [f"    {grads} = {call}"]
         if len(self.inputs) == 1 and self.listed:

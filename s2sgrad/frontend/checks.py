@@ -470,7 +470,14 @@ def _check_gradient_count(
     found = []
     for ret in returns.returns:
         value = ret.value
-        if isinstance(value, cst.Tuple) and len(value.elements) != n_params:
+        listed = isinstance(value, cst.Tuple) or (
+            n_params > 1 and isinstance(value, cst.List)
+        )
+        if (
+            isinstance(value, (cst.Tuple, cst.List))
+            and listed
+            and len(value.elements) != n_params
+        ):
             got = len(value.elements)
             found.append(
                 loc.error(

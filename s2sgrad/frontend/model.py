@@ -117,6 +117,9 @@ class Differentiator:
     backward_line: int
     #: Whether some return of backward is a bare `None` (no gradient for anything).
     returns_bare_none: bool
+    #: Whether every return of backward lists its gradients in a tuple display (or is a
+    #: bare `None`); otherwise one may hand back a list or a name bound at run time.
+    returns_tuples: bool
     #: Global names used anywhere in the function, its signature included.
     globals_used: tuple[str, ...]
     #: Every name bound or read in the function (for collision-free generated names).

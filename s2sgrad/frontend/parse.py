@@ -522,6 +522,9 @@ def _build(
         last_line=last,
         backward_line=loc.line_of(backward),
         returns_bare_none=_returns_bare_none(returns),
+        returns_tuples=all(
+            isinstance(r.value, cst.Tuple) or _returns_bare_none([r]) for r in returns
+        ),
         globals_used=facts.globals_used,
         local_names=facts.local_names | {p.name for p in params},
         qualified_names={n: qualified[n] for n in nodes if n in qualified},
