@@ -56,10 +56,12 @@ class Value:
     items: tuple[Value, ...] | None = None
     #: For a container: `list`, `tuple` or `dict` when known.
     form: str | None = None
+    #: For a named tuple of known items (`x.max(dim)`): the field name of each item.
+    fields: tuple[str, ...] | None = None
 
     def join(self, other: Value) -> Value:
         kinds = self.kinds | other.kinds
-        item = items = form = None
+        item = items = form = fields = None
         if SEQ in self.kinds and SEQ in other.kinds:
             item = _join_optional(self.element_or_none(), other.element_or_none())
             if (
@@ -71,11 +73,13 @@ class Value:
                     a.join(b) for a, b in zip(self.items, other.items, strict=True)
                 )
             form = self.form if self.form == other.form else None
+            fields = self.fields if self.fields == other.fields else None
         elif SEQ in self.kinds:
-            item, items, form = self.item, self.items, self.form
+            item, items, form, fields = self.item, self.items, self.form, self.fields
         elif SEQ in other.kinds:
             item, items, form = other.item, other.items, other.form
-        return Value(kinds, self.diff or other.diff, item, items, form)
+            fields = other.fields
+        return Value(kinds, self.diff or other.diff, item, items, form, fields)
 
     def element_or_none(self) -> Value | None:
         if self.items is not None:
@@ -96,7 +100,7 @@ class Value:
         items = (
             tuple(i.nondiff() for i in self.items) if self.items is not None else None
         )
-        return Value(self.kinds, False, item, items, self.form)
+        return Value(self.kinds, False, item, items, self.form, self.fields)
 
     @property
     def tensor(self) -> bool | None:
@@ -495,6 +499,9 @@ class Evaluator:
             return OBJECT  # torch.float64, torch.pi, torch.contiguous_format...
         base = self.expr(node.value)
         name = node.attr.value
+        if base.kinds == {SEQ} and base.fields and name in base.fields:
+            assert base.items is not None
+            return base.items[base.fields.index(name)]  # `x.max(dim).values`
         code = opfacts.table.TENSOR_ATTRIBUTES.get(name)
         if TENSOR in base.kinds and code is not None:
             found = code_value(code, base.diff)
@@ -825,7 +832,7 @@ class Evaluator:
                 chosen_sigs = [
                     s for s, v in zip(fitting, vague, strict=True) if v == min(vague)
                 ]
-        results = [_returned(s.returns, diff, form) for s in chosen_sigs]
+        results = [_returned(s, diff, form) for s in chosen_sigs]
         return _join_all(results)
 
     def _method(
@@ -1061,12 +1068,14 @@ def _vagueness(
     return sum(p.code == "?" for p in plain + named)
 
 
-def _returned(codes: tuple[str, ...], diff: bool, form: str) -> Value:
+def _returned(signature: opfacts.Signature, diff: bool, form: str) -> Value:
+    codes = signature.returns
     if len(codes) == 1:
         return code_value(codes[0], diff, form)
     if not codes:
         return NONE_VALUE
-    return tuple_of([code_value(c, diff, form) for c in codes], "tuple")
+    found = tuple_of([code_value(c, diff, form) for c in codes], "tuple")
+    return replace(found, fields=signature.fields or None)
 
 
 def forward_values(diff: Differentiator, facts: ModuleFacts | None = None) -> Evaluator:

@@ -49,6 +49,15 @@ def test_an_index_output_carries_no_gradient():
     assert by_dim.returns == ("T", "T'")
 
 
+def test_named_tuple_results_carry_their_field_names():
+    (by_dim,) = [s for s in opfacts.signatures("torch.Tensor.max") if s.overload == "dim"]
+    assert by_dim.fields == ("values", "indices")
+    assert type(torch.randn(2, 3).max(1)).__match_args__ == by_dim.fields
+    (slogdet,) = opfacts.signatures("torch.linalg.slogdet")
+    assert slogdet.fields == type(torch.linalg.slogdet(torch.eye(2))).__match_args__
+    assert all(not s.fields for s in opfacts.signatures("torch.split"))
+
+
 def test_boolean_dispatch_records_both_returns():
     flag, default, if_true, if_false = opfacts.dispatch("torch.nn.functional.max_pool2d")
     assert (flag, default) == ("return_indices", False)

@@ -538,6 +538,53 @@ CASES = [
         "mul_list_var",
         lambda: ([r(2, 3), r(2, 3)], {}),
     ),
+    Case(
+        "named_tuple_field_as_output",
+        """
+        import torch
+
+        def row_max(x: torch.Tensor):
+            vals = x.max(dim=1).values
+            idx = x.argmax(dim=1)
+            def backward(g):
+                return torch.zeros_like(x).scatter(1, idx.unsqueeze(1), g.unsqueeze(1))
+            return vals, backward
+        """,
+        "row_max",
+        lambda: ([r(3, 4)], {}),
+    ),
+    Case(
+        "named_tuple_fields_captured",
+        """
+        import torch
+
+        def times_row_max(x: torch.Tensor):
+            top = x.max(dim=1, keepdim=True)
+            m = top.values
+            y = x * m
+            def backward(g):
+                gm = (g * x).sum(1, keepdim=True)
+                return g * m + torch.zeros_like(x).scatter(1, top.indices, gm)
+            return y, backward
+        """,
+        "times_row_max",
+        lambda: ([r(3, 4)], {}),
+    ),
+    Case(
+        "named_tuple_field_of_sort",
+        """
+        import torch
+
+        def sorted_twice(x: torch.Tensor):
+            s = torch.sort(x, dim=-1, descending=True)
+            y = s.values * 2
+            def backward(g):
+                return torch.zeros_like(x).scatter(-1, s.indices, g * 2)
+            return y, backward
+        """,
+        "sorted_twice",
+        lambda: ([r(3, 4)], {}),
+    ),
 ]
 
 

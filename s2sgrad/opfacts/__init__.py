@@ -10,7 +10,9 @@ Format of a signature: `overload|params->returns`. Params are `name:code`, with 
 when the parameter has a default, and a lone `*` before keyword-only ones. Codes: `T`
 tensor, `i` int, `f` float, `b` bool, `n` any number, `s` str, `N` None, `o` another
 object (dtype, device, generator...), `?` unknown; `X[]` is a list of X, `X?` is X or
-None. A return code ending in `'` carries no gradient (an index, a mask).
+None. A return code ending in `'` carries no gradient (an index, a mask). The returns
+of an overload that gives a named tuple (`torch.return_types.max`) carry their field
+names, as `values:T,indices:T'`.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class Signature:
     overload: str
     params: tuple[Param, ...]
     returns: tuple[str, ...]
+    #: The field names of a named-tuple result (`values`, `indices`), else empty.
+    fields: tuple[str, ...] = ()
 
     def accepts(self, positional: int, keywords: set[str]) -> bool:
         """Tell whether a call with that many positional arguments and these keywords
@@ -113,8 +117,10 @@ def _parse(text: str) -> Signature:
         name, code = part.split(":", 1)
         default = code.endswith("=")
         params.append(Param(name, code.rstrip("="), keyword, default))
-    returns = tuple(c for c in returns_text.split(",") if c)
-    return Signature(overload, tuple(params), returns)
+    named = [c.rpartition(":") for c in returns_text.split(",") if c]
+    returns = tuple(code for _, _, code in named)
+    fields = tuple(name for name, _, _ in named) if all(n for n, _, _ in named) else ()
+    return Signature(overload, tuple(params), returns, fields if named else ())
 
 
 def aten_name(qualified: str) -> str | None:

@@ -164,6 +164,9 @@ def _schema_returns(schema: Any, nograd: list[bool] | None) -> str:
         if (nograd is not None and i < len(nograd) and nograd[i]) or index:
             code += "'"
         codes.append(code)
+    names = [str(ret.name) for ret in schema.returns]
+    if len(codes) > 1 and all(names):  # a torch.return_types named tuple
+        codes = [f"{name}:{code}" for name, code in zip(names, codes, strict=True)]
     return ",".join(codes)
 
 
@@ -281,7 +284,7 @@ def aten_table() -> tuple[dict[str, list[str]], dict[str, set[str]]]:
 def _tensor_returns(overload: str) -> list[str]:
     """The codes of the tensor results of one overload."""
     returns = overload.split("->", 1)[1]
-    codes = [c for c in returns.split(",") if c]
+    codes = [c.rpartition(":")[2] for c in returns.split(",") if c]
     return [c for c in codes if c.rstrip("'").rstrip("?").removesuffix("[]") == "T"]
 
 
