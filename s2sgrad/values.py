@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import libcst as cst
+import libcst.matchers as m
 
 from s2sgrad import opfacts
 from s2sgrad.cst import bound, dotted, statements
@@ -161,6 +162,7 @@ NONE_VALUE = Value(frozenset({NONE}))
 CONST = Value(frozenset({TENSOR}))
 DIFF = Value(frozenset({TENSOR}), True)
 SIZES = seq(SCALAR, "tuple")
+MAYBE_TENSOR_OR_NONE = Value(frozenset({TENSOR, NUMBER, NONE}), True)
 UNKNOWN = top()
 
 
@@ -250,10 +252,14 @@ def param_value(param: Param) -> Value:
         if value.kinds != _ALL:
             return _differentiable(value, param.gets_gradient)
     default = param.node.default
+    if default is not None and m.matches(default, m.Name("None")):
+        # `bias=None`: None, or what the caller passes instead: a tensor (it takes a
+        # gradient) or a number; anything at all where it takes none.
+        return MAYBE_TENSOR_OR_NONE if param.gets_gradient else UNKNOWN
     if default is not None and _is_literal(default):
         return Evaluator({}, {}).expr(default)
     if param.gets_gradient:
-        return DIFF
+        return DIFF  # as TorchScript reads an unannotated parameter: a tensor
     return UNKNOWN
 
 

@@ -585,6 +585,76 @@ CASES = [
         "sorted_twice",
         lambda: ([r(3, 4)], {}),
     ),
+    Case(
+        "temporary_of_a_tensor_or_number_with_a_tensor",
+        """
+        import torch
+
+        def scaled_sin(x: torch.Tensor, s: torch.Tensor | float):
+            y = x * s
+            t = torch.sin(y)
+            def backward(g):
+                gy = g * torch.cos(y)
+                return gy * s, (gy * x).sum() if isinstance(s, torch.Tensor) else None
+            return t, backward
+        """,
+        "scaled_sin",
+        lambda: ([r(3), r()], {}),
+    ),
+    Case(
+        "temporary_of_a_tensor_or_number_with_a_number",
+        """
+        import torch
+
+        def scaled_sin(x: torch.Tensor, s: torch.Tensor | float):
+            y = x * s
+            t = torch.sin(y)
+            def backward(g):
+                gy = g * torch.cos(y)
+                return gy * s, (gy * x).sum() if isinstance(s, torch.Tensor) else None
+            return t, backward
+        """,
+        "scaled_sin",
+        lambda: ([r(3), 2.5], {}),
+    ),
+    Case(
+        "unannotated_none_default_given_a_tensor",
+        """
+        import torch
+
+        def affine(x, w, bias=None):
+            y = x @ w
+            if bias is not None:
+                y = y + bias
+            t = torch.tanh(y)
+            def backward(g):
+                gy = g * (1 - t * t)
+                gb = gy.sum(0) if bias is not None else None
+                return gy @ w.t(), x.t() @ gy, gb
+            return t, backward
+        """,
+        "affine",
+        lambda: ([r(2, 3), r(3, 4), r(4)], {}),
+    ),
+    Case(
+        "unannotated_none_default_left_none",
+        """
+        import torch
+
+        def affine(x, w, bias=None):
+            y = x @ w
+            if bias is not None:
+                y = y + bias
+            t = torch.tanh(y)
+            def backward(g):
+                gy = g * (1 - t * t)
+                gb = gy.sum(0) if bias is not None else None
+                return gy @ w.t(), x.t() @ gy, gb
+            return t, backward
+        """,
+        "affine",
+        lambda: ([r(2, 3), r(3, 4)], {}),
+    ),
 ]
 
 

@@ -25,7 +25,7 @@ from s2sgrad.autodiff.shapes import ShapeFacts, class_of
 from s2sgrad.cst import NameRewriter, as_expression, dotted, spelled
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.names import NameAllocator
-from s2sgrad.values import SEQ, UNKNOWN, Evaluator, ModuleFacts, Value
+from s2sgrad.values import NUMBER, OTHER, SEQ, UNKNOWN, Evaluator, ModuleFacts, Value
 
 PLACEHOLDER = "__s2sgrad_v{}__"
 ACCUMULATE = "_accumulate"
@@ -282,6 +282,13 @@ class Generator:
             and p in args
             and self.value(args[p], env).diff
         }
+        for i in sorted(wanted):
+            kinds = self.value(args[rule.params[i]], env).kinds
+            if kinds & {NUMBER, OTHER}:
+                # A rule's entry is a tensor expression (`sum_to_size(b.shape)`):
+                # where the operand may turn out a number, backward recomputes.
+                shown = cst.Module([]).code_for_node(args[rule.params[i]])
+                raise NoRule(line, f"`{shown}` may be a tensor or a number")
         for param in sorted(rule_reads(rule, wanted) & set(args)):
             self.hoist(args[param], env, param in rule.metadata_only)
         ph = _Placeholders(env, self.hoisted)
