@@ -235,6 +235,122 @@ def check_outputs(
     return found
 
 
+#: Builtins whose argument is iterated: a parameter passed to one is a sequence.
+_ITERATING = frozenset(
+    {"len", "enumerate", "zip", "list", "tuple", "reversed", "sorted", "map", "sum"}
+)
+
+
+def check_parameters(diff: Differentiator, path: str, source: str) -> list[Diagnostic]:
+    """Reject an unannotated parameter that takes a gradient and that the function
+    uses as a sequence (S2S125).
+
+    Without an annotation such a parameter is a tensor or a number; were it a list of
+    tensors, the Function would take it as one opaque input and its elements would
+    silently get no gradient.
+    """
+    lines = split_lines(source)
+    found = []
+    for param in diff.params:
+        if param.node.annotation is not None or not param.gets_gradient:
+            continue
+        finder = _SequenceUse(param.name, diff.qualified_names)
+        diff.forward.body.visit(finder)
+        if finder.use is None:
+            continue
+        statement, shown = finder.use
+        line = diff.statement_lines.get(statement, diff.first_line)
+        text = line_text(lines, line)
+        column = text.find(shown) + 1 or len(text) - len(text.lstrip()) + 1
+        found.append(
+            Diagnostic(
+                "S2S125",
+                f"`{param.name}` is used as a sequence (`{shown}`) but is not "
+                "annotated: s2sgrad takes an unannotated parameter that gets a "
+                "gradient for a tensor or a number, and the elements of a list would "
+                "get no gradient",
+                path,
+                line,
+                column,
+                text,
+                f"annotate it: `{param.name}: list[torch.Tensor]` (or "
+                f"`{param.name}: torch.Tensor` if it is a tensor)",
+            )
+        )
+    return found
+
+
+class _SequenceUse(cst.CSTVisitor):
+    """Find the first use of `name` that only a sequence allows (or that iterates)."""
+
+    def __init__(self, name: str, qualified: Mapping[cst.CSTNode, str]) -> None:
+        self.name = name
+        self.qualified = qualified
+        self.statements: list[cst.BaseStatement] = []
+        self.use: tuple[cst.BaseStatement, str] | None = None
+
+    def _is_it(self, node: cst.BaseExpression) -> bool:
+        return isinstance(node, cst.Name) and node.value == self.name
+
+    def _found(self, node: cst.CSTNode) -> None:
+        if self.use is None and self.statements:
+            self.use = (self.statements[-1], code(node))
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.BaseStatement):
+            self.statements.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if isinstance(original_node, cst.BaseStatement):
+            self.statements.pop()
+        super().on_leave(original_node)
+
+    def visit_For(self, node: cst.For) -> None:
+        if self._is_it(node.iter) and self.use is None:
+            self.use = (node, f"for {code(node.target)} in {self.name}")
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        if self._is_it(node.iter):
+            self._found(node)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        unpacked = any(
+            isinstance(t.target, (cst.Tuple, cst.List)) for t in node.targets
+        )
+        if unpacked and self._is_it(node.value):
+            self._found(node.targets[0].target)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        for i, arg in enumerate(node.args):
+            if not self._is_it(arg.value):
+                continue
+            if arg.star == "*":
+                self._found(node)
+            elif isinstance(func, cst.Name) and func.value in _ITERATING:
+                self._found(node)
+            elif self._listed(func, i, arg):
+                self._found(node)
+
+    def _listed(self, func: cst.BaseExpression, i: int, arg: cst.Arg) -> bool:
+        """Whether a torch operator takes only a list of tensors in that place."""
+        qualified = self.qualified.get(func, "") if dotted(func) else ""
+        if not qualified.startswith("torch."):
+            return False
+        codes = set()
+        for signature in opfacts.signatures(qualified):
+            params = signature.params
+            if arg.keyword is not None:
+                params = tuple(p for p in params if p.name == arg.keyword.value)
+                i = 0
+            elif any(p.keyword_only for p in params[: i + 1]):
+                continue
+            if i < len(params):
+                codes.add(params[i].code)
+        return bool(codes) and all(c.startswith("T[]") for c in codes)
+
+
 def _free_keywords(
     diff: Differentiator,
     names: NameAllocator,

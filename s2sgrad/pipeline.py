@@ -13,7 +13,7 @@ from s2sgrad.frontend import ParsedModule, parse
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.header import Origin
 from s2sgrad.inplace import out_of_place
-from s2sgrad.lift import Lifted, check_outputs, lift
+from s2sgrad.lift import Lifted, check_outputs, check_parameters, lift
 from s2sgrad.options import Options
 from s2sgrad.values import ModuleFacts
 
@@ -84,7 +84,8 @@ def _judge_forward(
     found: list[Diagnostic] = []
     diffs = []
     for diff in parsed.differentiators:
-        found += check_outputs(diff, facts, path, parsed.source)
+        unannotated = check_parameters(diff, path, parsed.source)
+        found += unannotated or check_outputs(diff, facts, path, parsed.source)
         try:
             diffs.append(out_of_place(diff, facts, path, parsed.source))
         except TransformError as exc:

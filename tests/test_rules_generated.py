@@ -21,12 +21,9 @@ except ImportError:  # tests/ imported as a package
 
 #: Examples an op cannot take, each checked elsewhere (tests/test_rules_closures.py checks
 #: every example of every rule as a closure, at first and second order):
-#: - a result that is a sequence of tensors, or a list of tensors as input: an
-#:   autograd.Function takes and returns tensors, not Python sequences;
 #: - a Python number as an operand: the op runs the rule's whole backward, whose entry
 #:   for that operand reads `.shape`; generated VJP code only inlines tensor entries;
 #: - ties and dtype changes: finite differences are not meaningful there.
-SEQUENCES = {"split", "unbind", "cat", "stack"}
 NOT_FOR_OPS = ("ties", "dtype", "down", "up", "like_tensor")
 
 
@@ -62,8 +59,15 @@ def _rebuild(value, leaves):
 CASES = [
     pytest.param(name, factory, id=f"{name}[{case}]")
     for name, case, factory in EXAMPLES
-    if name not in SEQUENCES and not any(word in case for word in NOT_FOR_OPS)
+    if not any(word in case for word in NOT_FOR_OPS)
 ]
+
+
+def _tensors(value):
+    """A tensor, or a list or tuple of tensors (flattened into the Function)."""
+    if isinstance(value, (list, tuple)):
+        return all(isinstance(v, torch.Tensor) for v in value)
+    return isinstance(value, torch.Tensor)
 
 
 @pytest.mark.parametrize("name,factory", CASES)
@@ -78,7 +82,7 @@ def test_rule_op_passes_gradcheck_and_gradgradcheck(rules_ops, name, factory):
     bound = inspect.signature(getattr(rules, name)).bind(*args, **kwargs)
     bound.apply_defaults()
     numbers = [p for p, e in zip(rule.params, rule.entries, strict=True)
-               if e is not None and not isinstance(bound.arguments[p], torch.Tensor)]
+               if e is not None and not _tensors(bound.arguments[p])]
     if numbers:
         pytest.skip(f"a Python number or None for {numbers}: checked as a closure")
     if all(entry is None for entry in rule.entries):

@@ -551,14 +551,14 @@ def triu(x, diagonal=0):
 # --------------------------------------------------------------------------
 
 
-def cat(tensors, dim=0):
+def cat(tensors: list[torch.Tensor], dim=0):
     out = torch.cat(tensors, dim)
     def backward(grad):
         return grad.split([t.shape[dim] for t in tensors], dim), None
     return out, backward
 
 
-def stack(tensors, dim=0):
+def stack(tensors: list[torch.Tensor], dim=0):
     out = torch.stack(tensors, dim)
     def backward(grad):
         return grad.unbind(dim), None
