@@ -655,6 +655,62 @@ CASES = [
         "affine",
         lambda: ([r(2, 3), r(3, 4)], {}),
     ),
+    Case(
+        "a_number_among_the_outputs",
+        """
+        import torch
+
+        def tripled_and_rows(x: torch.Tensor):
+            y = x * 3
+            def backward(gy, gn):
+                return gy * 3
+            return (y, x.shape[0]), backward
+        """,
+        "tripled_and_rows",
+        lambda: ([r(3, 4)], {}),
+    ),
+    Case(
+        "an_output_that_may_be_none",
+        """
+        import torch
+
+        def _extra(x, flag):
+            return x * 2 if flag else None
+
+        def with_extra(x: torch.Tensor, flag: bool = True):
+            y = torch.sin(x)
+            e = _extra(x, flag)
+            def backward(gy, ge):
+                gx = gy * torch.cos(x)
+                if ge is not None:
+                    gx = gx + 2 * ge
+                return gx, None
+            return (y, e), backward
+        """,
+        "with_extra",
+        lambda: ([r(3, 4), True], {}),
+    ),
+    Case(
+        "an_output_that_is_none",
+        """
+        import torch
+
+        def _extra(x, flag):
+            return x * 2 if flag else None
+
+        def with_extra_off(x: torch.Tensor, flag: bool = False):
+            y = torch.sin(x)
+            e = _extra(x, flag)
+            def backward(gy, ge):
+                gx = gy * torch.cos(x)
+                if ge is not None:
+                    gx = gx + 2 * ge
+                return gx, None
+            return (y, e), backward
+        """,
+        "with_extra_off",
+        lambda: ([r(3, 4), False], {}),
+    ),
 ]
 
 

@@ -27,7 +27,7 @@ import libcst as cst
 from s2sgrad.codegen import docs, types
 from s2sgrad.lift import Lifted, Saved, may_alias, may_return_self
 from s2sgrad.names import NameAllocator, Names
-from s2sgrad.values import BOTTOM, param_value
+from s2sgrad.values import BOTTOM, TENSOR, param_value
 
 #: Attributes of autograd's ctx that a saved value must not overwrite.
 CTX_API = frozenset(
@@ -121,6 +121,9 @@ class _Output:
     form: str
     #: May be an input object itself: returned as a view.
     aliased: bool
+    #: True: always a tensor; False: never one (no gradient to materialize); None:
+    #: known at run time only (a number, None or a tensor).
+    tensor: bool | None = True
 
 
 class FunctionWriter:
@@ -212,7 +215,12 @@ class FunctionWriter:
                 )
                 aliased = may_return_self(node, self.diff.qualified_names)
             form = value.form if value.form in ("list", "tuple") else "tuple"
-            found.append(_Output(var, value.tensor_list, form, aliased))
+            tensor = (
+                True
+                if value.kinds == {TENSOR}
+                else (None if value.holds_tensor else False)
+            )
+            found.append(_Output(var, value.tensor_list, form, aliased, tensor))
         return found
 
     @property
@@ -263,7 +271,10 @@ class FunctionWriter:
 
     def _returned(self) -> list[str]:
         """What forward returns, in order."""
-        items = [self._view(o.var) if o.aliased else o.var for o in self.plain_outputs]
+        items = [
+            self._view(o.var, o.tensor is not True) if o.aliased else o.var
+            for o in self.plain_outputs
+        ]
         items += [self._view(s.name) if s.may_alias else s.name for s in self.promoted]
         if self.extras:
             items.append(_tuple([s.name for s in self.extras]))
@@ -277,8 +288,9 @@ class FunctionWriter:
         return items
 
     @staticmethod
-    def _view(name: str) -> str:
-        return f"{name}.view_as({name})"
+    def _view(name: str, maybe: bool = False) -> str:
+        view = f"{name}.view_as({name})"
+        return f"({view} if isinstance({name}, Tensor) else {name})" if maybe else view
 
     def _returns_tuple(self) -> bool:
         return (
@@ -400,11 +412,11 @@ class FunctionWriter:
                     f"    {self.ctx}.{out.var}_like = "
                     f"[(p.shape, p.dtype, p.device) for p in {out.var}]"
                 )
-            elif self.diff.tuple_result:
-                lines.append(
-                    f"    {self.ctx}.{out.var}_like = "
-                    f"{out.var}.shape, {out.var}.dtype, {out.var}.device"
-                )
+            elif self.diff.tuple_result and out.tensor is not False:
+                like = f"{out.var}.shape, {out.var}.dtype, {out.var}.device"
+                if out.tensor is None:  # zeros only where it is a tensor
+                    like = f"({like}) if isinstance({out.var}, Tensor) else None"
+                lines.append(f"    {self.ctx}.{out.var}_like = {like}")
         lines.append(f"    {self.ctx}.set_materialize_grads(False)")
         return lines
 
@@ -522,8 +534,13 @@ class FunctionWriter:
         lines = []
         if self.diff.tuple_result:
             for grad, out in zip(plain, self.plain_outputs, strict=True):
+                if out.tensor is False:
+                    continue  # a number, a string...: no gradient, None stays
+                test = f"{grad} is None"
+                if out.tensor is None:
+                    test += f" and {self.ctx}.{out.var}_like is not None"
                 lines += [
-                    f"    if {grad} is None:",
+                    f"    if {test}:",
                     f"        {', '.join(self.meta)} = {self.ctx}.{out.var}_like",
                     f"        {grad} = torch.zeros({self.meta[0]}, dtype={self.meta[1]}, "
                     f"device={self.meta[2]})",
