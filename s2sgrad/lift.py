@@ -93,36 +93,6 @@ class Saved:
 
 
 @dataclass(frozen=True)
-class Recompute:
-    """Temporaries backward recomputes from saved inputs, with the reasons."""
-
-    function: str
-    #: Forward parameters the recomputation reads, and the backward names passed.
-    params: tuple[str, ...]
-    args: tuple[str, ...]
-    statements: tuple[cst.BaseStatement, ...]
-    #: Forward names returned, and the backward names they are bound to.
-    returns: tuple[str, ...]
-    targets: tuple[str, ...]
-    reasons: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Gradients:
-    """How backward carries the gradients of promoted temporaries (autodiff's output)."""
-
-    #: (context entry, keyword-only gradient parameter) per promoted temporary.
-    incoming: tuple[tuple[str, str], ...]
-    #: The variables that hold each forward parameter's gradient.
-    results: tuple[str, ...]
-    #: Reverse-mode statements, run after the closure's own backward.
-    blocks: tuple[cst.BaseStatement, ...]
-    #: Accumulators that start at None.
-    inits: tuple[str, ...]
-    recompute: Recompute | None
-
-
-@dataclass(frozen=True)
 class Lifted:
     """A differentiator with its closure turned into an explicit context."""
 
@@ -136,23 +106,23 @@ class Lifted:
     taken: frozenset[str]
     #: Whether a temporary is saved without promotion, so double backward must raise.
     once_differentiable: bool
-    #: Forward statements as emitted (autodiff may add snapshots the VJP reads).
-    forward_statements: tuple[cst.BaseStatement, ...] = ()
-    #: Set by autodiff when temporaries are promoted or recomputed.
-    gradients: Gradients | None = None
     #: The variables that hold each forward parameter's gradient in f_backward.
-    results: tuple[str, ...] = ()
+    results: tuple[str, ...]
     #: What each output of the result is (a tensor, a list of tensors...).
-    outputs: tuple[Value, ...] = ()
+    outputs: tuple[Value, ...]
 
     @property
     def extras(self) -> tuple[Saved, ...]:
         """Context entries that forward must pass to `setup_context` as outputs."""
-        return tuple(
-            s
-            for s in self.context
-            if s.kind not in ("input", "output") and s.on is None
-        )
+        return extras_of(self.context)
+
+
+def extras_of(context: Iterable[Saved]) -> tuple[Saved, ...]:
+    """The entries of a context that forward must pass to `setup_context` as outputs:
+    what neither a Function input nor an output holds."""
+    return tuple(
+        s for s in context if s.kind not in ("input", "output") and s.on is None
+    )
 
 
 def lift(
@@ -189,9 +159,8 @@ def lift(
         values,
         frozenset(names.taken),
         once,
-        diff.statements,
-        results=results,
-        outputs=outputs,
+        results,
+        outputs,
     )
 
 

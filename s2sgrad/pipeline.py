@@ -7,26 +7,27 @@ Pure: reads no files and no environment. The CLI and the import hook both call
 from __future__ import annotations
 
 from s2sgrad.autodiff.plan import differentiate, module_facts
+from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import generate
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import ParsedModule, parse
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.header import Origin
 from s2sgrad.inplace import out_of_place
-from s2sgrad.lift import Lifted, check_outputs, check_parameters, lift
+from s2sgrad.lift import check_outputs, check_parameters, lift
 from s2sgrad.options import Options
 from s2sgrad.values import ModuleFacts
 
 
 def convert(source: str, origin: Origin, options: Options) -> str:
     """Return the generated module for `source`, or raise `TransformError`."""
-    parsed, lifted = analyse(source, origin, options)
-    return generate(parsed, lifted, options, origin)
+    parsed, records = analyse(source, origin, options)
+    return generate(parsed, records, options, origin)
 
 
 def analyse(
     source: str, origin: Origin, options: Options
-) -> tuple[ParsedModule, list[Lifted]]:
+) -> tuple[ParsedModule, list[Differentiated]]:
     """Parse, lift and differentiate `source`: the records `generate` takes.
 
     `s2sgrad review` shows these records beside the text generated from them.
@@ -49,7 +50,7 @@ def analyse(
         )
     siblings, facts = module_facts(parsed)
     diffs = _judge_forward(parsed, facts, origin.display_path)
-    lifted = [
+    records = [
         differentiate(
             lift(d, options, facts),
             options,
@@ -60,7 +61,7 @@ def analyse(
         )
         for d in diffs
     ]
-    return parsed, lifted
+    return parsed, records
 
 
 def differentiator_names(source: str, path: str) -> list[str]:

@@ -1,9 +1,10 @@
 """Decide, per captured temporary, how its gradient gets back: generated VJP or recompute.
 
-Takes a `Lifted` record, the options and the source text; returns the `Lifted` record
-with its context completed (entries the VJP code reads, promotion flags), forward
-statements with any snapshots the VJP needs, and a `Gradients` record for codegen. Under
-the `first-order` policy, or with no temporaries, the record comes back unchanged.
+Takes a `Lifted` record, the options and the source text; returns a `Differentiated`
+record (autodiff/record.py): lift's record, the context completed (entries the VJP code
+reads, promotion flags), forward statements with any snapshots the VJP needs, and a
+`Gradients` record for codegen. Under the `first-order` policy, or with no temporaries,
+the context and bodies are lift's.
 Invariant: every temporary backward reads is either promoted (its gradient flows back
 through generated code) or recomputed inside backward from saved inputs.
 """
@@ -18,6 +19,7 @@ import libcst.matchers as m
 
 from s2sgrad import opfacts
 from s2sgrad.autodiff.program import Assign, Branch, Program, Step, Version, build
+from s2sgrad.autodiff.record import Differentiated, Gradients, Recompute
 from s2sgrad.autodiff.registry import builtin_registry
 from s2sgrad.autodiff.shapes import shape_facts
 from s2sgrad.autodiff.simplify import simplify
@@ -40,9 +42,7 @@ from s2sgrad.frontend.model import (
 )
 from s2sgrad.lift import (
     METADATA_CODE,
-    Gradients,
     Lifted,
-    Recompute,
     Saved,
     classify,
     in_context_order,
@@ -206,10 +206,10 @@ class Planner:
         self.backward_locals = _backward_locals(self.diff, self.lifted.backward_body)
         self.rebound = rebound_names(self.diff)
 
-    def plan(self) -> Lifted:
+    def plan(self) -> Differentiated:
         temps = [s for s in self.lifted.context if s.kind == "temporary"]
         if self.policy == "first-order" or not temps:
-            return self.lifted
+            return Differentiated.as_lifted(self.lifted)
         names = NameAllocator(self.lifted.taken)
         results = list(self.lifted.results)
         attempt = self._all_at_once(temps, names, results)
@@ -325,7 +325,7 @@ class Planner:
         recompute: list[tuple[Saved, str]],
         results: list[str],
         names: NameAllocator,
-    ) -> Lifted:
+    ) -> Differentiated:
         dropped = {t.name for t, _ in recompute}
         ctx = _Context([s for s in self.lifted.context if s.name not in dropped])
         for saved in ctx.entries:
@@ -362,7 +362,16 @@ class Planner:
         blocks = simplify(blocks, starting, fixed)
         used = spelled(*blocks)
         inits = tuple(sorted(name for name in starting if name in used))
-        gradients = Gradients(incoming, tuple(results), tuple(blocks), inits, plan)
+        covered = tuple(
+            dict.fromkeys(
+                attempt.generator.notes[c.value]
+                for c in _comments(blocks)
+                if c.value in attempt.generator.notes
+            )
+        )
+        gradients = Gradients(
+            incoming, tuple(results), tuple(blocks), inits, plan, covered
+        )
         # What the rules read and the simplifier folded away (`x.dim()` for a rank
         # test that a literal settled) does not travel.
         read = spelled(*blocks, backward_body) | set(plan.args if plan else ())
@@ -377,11 +386,11 @@ class Planner:
             for key, lines in attempt.generator.hoists.items()
         }
         forward = _with_snapshots(self.diff.statements, ctx, self.program, hoists)
-        return replace(
+        return Differentiated(
             self.lifted,
             context=in_context_order(entries),
-            forward_statements=tuple(forward),
             backward_body=backward_body,
+            forward_statements=tuple(forward),
             gradients=gradients,
             once_differentiable=False,
             taken=frozenset(names.taken),
@@ -832,6 +841,19 @@ def differentiate(
     siblings: Mapping[str, Sibling] | None = None,
     facts: ModuleFacts | None = None,
     path: str = "<source>",
-) -> Lifted:
+) -> Differentiated:
     """Complete `lifted` with the gradients of its temporaries."""
     return Planner(lifted, options, source, siblings, facts, path).plan()
+
+
+def _comments(blocks: Sequence[cst.BaseStatement]) -> list[cst.Comment]:
+    """The comments of `blocks`, in order."""
+    found: list[cst.Comment] = []
+
+    class _Collect(cst.CSTVisitor):
+        def visit_Comment(self, node: cst.Comment) -> None:
+            found.append(node)
+
+    for block in blocks:
+        block.visit(_Collect())
+    return found

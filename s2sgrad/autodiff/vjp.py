@@ -168,6 +168,8 @@ class Generator:
         self.hoists: dict[int, list[tuple[str, cst.BaseExpression]]] = {}
         self.extra: list[Version] = []
         self.step: Assign | None = None
+        #: The comment over each block, and the `line N: statement` it stands for.
+        self.notes: dict[str, str] = {}
 
     def accumulator(self, version: Version) -> str:
         if version.id not in self.accumulators:
@@ -234,6 +236,7 @@ class Generator:
             else ""
         )
         note = f"# line {step.line}: {text}"
+        self.notes[note] = self.notes["# L" + note[3:]] = f"line {step.line}: {text}"
         test = cst.parse_expression(f"{acc.value} is not None")
         if len(f"    if {acc.value} is not None:  {note}") <= self.line_length:
             comment = cst.TrailingWhitespace(

@@ -1,6 +1,6 @@
-"""Codegen: lifted differentiators to the text of a generated module.
+"""Codegen: differentiated records to the text of a generated module.
 
-Takes the parsed module, its lifted differentiators and an `Origin` (where the source
+Takes the parsed module, its differentiated records and an `Origin` (where the source
 lives, by display path and importable name); returns black-formatted module text. The
 text is a pure function of those inputs: no timestamps, absolute paths or set order.
 """
@@ -13,6 +13,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad.autodiff.inline import names_read
+from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import types
 from s2sgrad.codegen.emit import emit
 from s2sgrad.codegen.fmt import format_code
@@ -23,7 +24,6 @@ from s2sgrad.cst import module
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, ParsedModule
 from s2sgrad.header import Origin, header
-from s2sgrad.lift import Lifted
 from s2sgrad.lines import split_lines
 from s2sgrad.names import Names
 from s2sgrad.options import Options
@@ -379,25 +379,30 @@ def _compile_failed(function: Any, error: Exception) -> RuntimeError:
 
 
 def generate(
-    parsed: ParsedModule, lifted: list[Lifted], options: Options, origin: Origin
+    parsed: ParsedModule,
+    records: list[Differentiated],
+    options: Options,
+    origin: Origin,
 ) -> str:
-    """Return the generated module for `lifted`, formatted with black."""
-    _check_collisions(parsed, lifted)
-    siblings = {item.source.name for item in lifted}
-    used = [n for item in lifted for n in item.source.globals_used if n not in siblings]
+    """Return the generated module for `records`, formatted with black."""
+    _check_collisions(parsed, records)
+    siblings = {item.source.name for item in records}
+    used = [
+        n for item in records for n in item.source.globals_used if n not in siblings
+    ]
     body: list[cst.BaseStatement] = []
-    if any(item.gradients and item.gradients.blocks for item in lifted):
+    if any(item.gradients and item.gradients.blocks for item in records):
         lists = any(
-            param_value(p).tensor_list for item in lifted for p in item.source.params
+            param_value(p).tensor_list for item in records for p in item.source.params
         )
         body.append(cst.parse_statement(_ACCUMULATE_LISTS if lists else _ACCUMULATE))
-    if any(uses_save_helpers(item) for item in lifted):
+    if any(uses_save_helpers(item) for item in records):
         body += cst.parse_module(SAVE_HELPERS.lstrip()).body
     taken = set(parsed.module_names) | {
-        name for item in lifted for name in vars(Names.of(item.source.name)).values()
+        name for item in records for name in vars(Names.of(item.source.name)).values()
     }
-    compiled = {item.source.name: _compiles(item, options) for item in lifted}
-    for item in lifted:
+    compiled = {item.source.name: _compiles(item, options) for item in records}
+    for item in records:
         body += emit(
             item,
             origin.display_path,
@@ -410,7 +415,7 @@ def generate(
     if any(compiled.values()):  # before the differentiators, which call `_compiled`
         code = COMPILED_RUNTIME + "\n\n" + code
     aliases, read = _aliases(code)
-    imports = _imports(parsed, lifted, origin, used, read)
+    imports = _imports(parsed, records, origin, used, read)
     code = aliases + "\n\n" + code
     formatted = format_code("\n".join(imports) + "\n" + code, options.line_length)
     text = (
@@ -420,7 +425,7 @@ def generate(
     return text
 
 
-def _compiles(item: Lifted, options: Options) -> bool:
+def _compiles(item: Differentiated, options: Options) -> bool:
     """Whether the differentiator runs compiled: its pragma, else the option."""
     pragma = item.source.pragmas.get("compile")
     return options.compile if pragma is None else pragma == "true"
@@ -444,7 +449,7 @@ def _aliases(code: str) -> tuple[str, set[str]]:
 
 def _imports(
     parsed: ParsedModule,
-    lifted: list[Lifted],
+    records: list[Differentiated],
     origin: Origin,
     used: list[str],
     read: set[str],
@@ -465,16 +470,16 @@ def _imports(
         ]
     if types.TENSOR in read:
         extra.append(f"from torch import {types.TENSOR}")
-    if any(item.once_differentiable for item in lifted):
+    if any(item.once_differentiable for item in records):
         extra.append("from torch.autograd.function import once_differentiable")
-    if "math" not in used and any(_rules_read_math(item) for item in lifted):
+    if "math" not in used and any(_rules_read_math(item) for item in records):
         extra.append("import math")
     try:
         imports = import_block(
             used, parsed.globals, origin.module_name, extra, _postponed(parsed)
         )
     except ValueError:
-        first = lifted[0].source
+        first = records[0].source
         raise TransformError(
             [
                 Diagnostic(
@@ -507,7 +512,7 @@ def _postponed(parsed: ParsedModule) -> bool:
     )
 
 
-def _rules_read_math(item: Lifted) -> bool:
+def _rules_read_math(item: Differentiated) -> bool:
     """Tell whether inlined derivative rules use `math` (rules may read torch and math)."""
     blocks = item.gradients.blocks if item.gradients else ()
     return any("math" in names_read(block) for block in blocks)
@@ -568,20 +573,20 @@ _IMPORTED = {
 }
 
 
-def _check_collisions(parsed: ParsedModule, lifted: list[Lifted]) -> None:
+def _check_collisions(parsed: ParsedModule, records: list[Differentiated]) -> None:
     generated = dict.fromkeys(_OWN_NAMES, "its own use")
     for name, statement in _IMPORTED.items():
         spec = parsed.globals.get(name)
         if spec is not None and spec.import_code != statement:
             generated[name] = "its own use"
-    for item in lifted:
+    for item in records:
         names = Names.of(item.source.name)
         for name in (names.forward, names.backward, names.function, names.op):
             generated[name] = f"`{item.source.name}`"
     found = []
-    for item in lifted:
+    for item in records:
         diff = item.source
-        siblings = {other.source.name for other in lifted}
+        siblings = {other.source.name for other in records}
         for name in diff.globals_used:
             calls_sibling = name in siblings and _only_called(diff, name)
             if name in generated and name in parsed.globals and not calls_sibling:

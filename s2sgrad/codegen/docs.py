@@ -7,21 +7,21 @@ code alone does not.
 
 from __future__ import annotations
 
-from s2sgrad.lift import Lifted
+from s2sgrad.autodiff.record import Differentiated
 
 
-def _span(lifted: Lifted, path: str) -> str:
-    diff = lifted.source
+def _span(record: Differentiated, path: str) -> str:
+    diff = record.source
     return f"{path}:{diff.first_line}-{diff.last_line}"
 
 
-def forward_doc(lifted: Lifted, path: str) -> str:
-    name = lifted.source.name
-    return f"Forward of `{name}` ({_span(lifted, path)}), and what backward reads."
+def forward_doc(record: Differentiated, path: str) -> str:
+    name = record.source.name
+    return f"Forward of `{name}` ({_span(record, path)}), and what backward reads."
 
 
-def backward_doc(lifted: Lifted, path: str, promoted: list[str]) -> str:
-    diff = lifted.source
+def backward_doc(record: Differentiated, path: str, promoted: list[str]) -> str:
+    diff = record.source
     text = f"Backward of `{diff.name}` ({path}:{diff.backward_line})"
     if len(promoted) == 1:
         text += f", then the gradient of `{promoted[0]}`"
@@ -30,16 +30,16 @@ def backward_doc(lifted: Lifted, path: str, promoted: list[str]) -> str:
     return text + "."
 
 
-def recompute_doc(lifted: Lifted, names: tuple[str, ...], path: str) -> str:
+def recompute_doc(record: Differentiated, names: tuple[str, ...], path: str) -> str:
     shown = ", ".join(f"`{n}`" for n in names)
-    return f"Recompute {shown} of `{lifted.source.name}` as forward does ({_span(lifted, path)})."
+    return f"Recompute {shown} of `{record.source.name}` as forward does ({_span(record, path)})."
 
 
-def op_doc(lifted: Lifted, path: str) -> str:
-    diff = lifted.source
+def op_doc(record: Differentiated, path: str) -> str:
+    diff = record.source
     if diff.docstring:
         return diff.docstring
-    return f"Differentiable `{diff.name}` ({_span(lifted, path)})."
+    return f"Differentiable `{diff.name}` ({_span(record, path)})."
 
 
 def docstring(text: str, indent: str = "    ") -> str:

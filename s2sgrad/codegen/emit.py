@@ -1,6 +1,6 @@
-"""Emit the four definitions of one lifted differentiator.
+"""Emit the four definitions of one differentiator.
 
-Takes a `Lifted` record; returns libcst statements for `f_forward`, `f_backward`,
+Takes a `Differentiated` record; returns libcst statements for `f_forward`, `f_backward`,
 `FFunction` and the op `f` (DESIGN section 4). The user's own statements are moved as
 nodes, so their comments and formatting survive; the fixed-shape parts are small parsed
 snippets. Invariant: forward computes every value once; `setup_context` only unpacks and
@@ -13,11 +13,11 @@ from collections.abc import Collection
 
 import libcst as cst
 
+from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.function import function_class, op_def
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
 from s2sgrad.cst import as_statement
-from s2sgrad.lift import Lifted, Recompute
 from s2sgrad.names import NameAllocator, Names
 
 
@@ -42,7 +42,7 @@ def _targets(items: list[str]) -> str:
 
 
 def emit(
-    lifted: Lifted,
+    record: Differentiated,
     path: str,
     siblings: Collection[str] = (),
     module_names: Collection[str] = (),
@@ -52,18 +52,18 @@ def emit(
     """Emit the definitions of one differentiator.
 
     Calls to other differentiators of the module (`y, _ = g(x)`) become calls to their
-    lifted forward, which returns `(result, ctx)` just as the closure returned
+    record forward, which returns `(result, ctx)` just as the closure returned
     `(result, backward)`: the module's name `g` is the op, which returns the result only.
     """
-    names = Names.of(lifted.source.name)
-    recompute = lifted.gradients.recompute if lifted.gradients else None
-    body = backward_body(lifted, line_length)
+    names = Names.of(record.source.name)
+    recompute = record.gradients.recompute if record.gradients else None
+    body = backward_body(record, line_length)
     definitions: list[cst.BaseStatement] = [
-        forward_def(lifted, names, path),
-        *([recompute_def(lifted, recompute, path)] if recompute else []),
-        backward_def(lifted, names, path, body),
+        forward_def(record, names, path),
+        *([recompute_def(record, recompute, path)] if recompute else []),
+        backward_def(record, names, path, body),
     ]
-    called = set(siblings) & set(lifted.source.globals_used)
+    called = set(siblings) & set(record.source.globals_used)
     if called:
         rename = _SiblingCalls({s: Names.of(s) for s in called})
         definitions = [as_statement(d.visit(rename)) for d in definitions]
@@ -116,13 +116,13 @@ def emit(
         )
     return [
         *definitions,
-        function_class(lifted, names, body.needs, pair, body.handles_none),
-        op_def(lifted, names, path),
+        function_class(record, names, body.needs, pair, body.handles_none),
+        op_def(record, names, path),
     ]
 
 
 class _SiblingCalls(cst.CSTTransformer):
-    """Point calls of sibling differentiators at their lifted pair.
+    """Point calls of sibling differentiators at their record pair.
 
     `g(...)` becomes `g_forward(...)`, and a call of its closure in backward,
     `g(...)[1](grad)` (the only use of it the frontend accepts), becomes
@@ -152,15 +152,17 @@ class _SiblingCalls(cst.CSTTransformer):
         return updated_node
 
 
-def recompute_def(lifted: Lifted, plan: Recompute, path: str) -> cst.FunctionDef:
+def recompute_def(
+    record: Differentiated, plan: Recompute, path: str
+) -> cst.FunctionDef:
     """Emit the function backward calls to recompute temporaries without a VJP."""
     returned = ", ".join(plan.returns)
     ret = cst.parse_statement(f"return {returned}\n")
-    doc = docs.recompute_doc(lifted, plan.returns, path)
+    doc = docs.recompute_doc(record, plan.returns, path)
     params = cst.Parameters(
         [
             cst.Param(cst.Name(p), cst.Annotation(cst.parse_expression(t)))
-            for p, t in zip(plan.params, _recompute_types(lifted, plan), strict=True)
+            for p, t in zip(plan.params, _recompute_types(record, plan), strict=True)
         ]
     )
     return cst.FunctionDef(
@@ -172,8 +174,8 @@ def recompute_def(lifted: Lifted, plan: Recompute, path: str) -> cst.FunctionDef
     )
 
 
-def _recompute_types(lifted: Lifted, plan: Recompute) -> list[str]:
-    by_name = {s.name: s for s in lifted.context}
+def _recompute_types(record: Differentiated, plan: Recompute) -> list[str]:
+    by_name = {s.name: s for s in record.context}
     found = []
     for arg in plan.args:
         saved = by_name.get(arg)
@@ -183,13 +185,13 @@ def _recompute_types(lifted: Lifted, plan: Recompute) -> list[str]:
     return found
 
 
-def forward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
-    diff = lifted.source
+def forward_def(record: Differentiated, names: Names, path: str) -> cst.FunctionDef:
+    diff = record.source
     result = _code(diff.result)
-    context = _tuple([s.expression for s in lifted.context]) if lifted.context else "()"
+    context = _tuple([s.expression for s in record.context]) if record.context else "()"
     ret = cst.parse_statement(f"return {result}, {context}\n")
-    body = [_doc(docs.forward_doc(lifted, path)), *lifted.forward_statements, ret]
-    returns = types.of_result(lifted.outputs, diff.tuple_result)
+    body = [_doc(docs.forward_doc(record, path)), *record.forward_statements, ret]
+    returns = types.of_result(record.outputs, diff.tuple_result)
     return cst.FunctionDef(
         name=cst.Name(names.forward),
         params=types.annotated(diff.forward.params, diff.params),
@@ -202,22 +204,22 @@ def forward_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
 
 
 def backward_def(
-    lifted: Lifted, names: Names, path: str, gradients: BackwardBody
+    record: Differentiated, names: Names, path: str, gradients: BackwardBody
 ) -> cst.FunctionDef:
-    diff = lifted.source
-    ctx = NameAllocator(lifted.taken).fresh("ctx")
-    incoming = [k for _, k in lifted.gradients.incoming] if lifted.gradients else []
-    promoted = [t for t, _ in lifted.gradients.incoming] if lifted.gradients else []
-    body: list[cst.BaseStatement] = [_doc(docs.backward_doc(lifted, path, promoted))]
-    if lifted.context:
-        unpack = _targets([s.name for s in lifted.context])
+    diff = record.source
+    ctx = NameAllocator(record.taken).fresh("ctx")
+    incoming = [k for _, k in record.gradients.incoming] if record.gradients else []
+    promoted = [t for t, _ in record.gradients.incoming] if record.gradients else []
+    body: list[cst.BaseStatement] = [_doc(docs.backward_doc(record, path, promoted))]
+    if record.context:
+        unpack = _targets([s.name for s in record.context])
         body.append(cst.parse_statement(f"{unpack} = {ctx}\n"))
     body += gradients.statements
     keywords = [(k, types.GRAD) for k in incoming]
     if gradients.needs:
         keywords.append((gradients.needs, types.NEEDS))
     grad_type = types.GRAD if gradients.handles_none else types.TENSOR
-    listed = {i for i, value in enumerate(lifted.outputs) if value.tensor_list}
+    listed = {i for i, value in enumerate(record.outputs) if value.tensor_list}
     params = [cst.Param(cst.Name(ctx), _annotation(types.CONTEXT))]
     for i, param in enumerate(diff.backward.params.params):
         kind = f"list[{types.TENSOR}]" if i in listed else grad_type

@@ -1,6 +1,6 @@
-"""Emit the `torch.autograd.Function` of one lifted differentiator, and its op.
+"""Emit the `torch.autograd.Function` of one differentiator, and its op.
 
-Takes a `Lifted` record; returns the source of `FFunction` (new-style `forward`,
+Takes a `Differentiated` record; returns the source of `FFunction` (new-style `forward`,
 `setup_context`, `backward`) and of the op `f` (DESIGN section 4). Invariants:
 
 - `forward` calls `f_forward` once. It returns the result's outputs, the promoted
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import docs, types
-from s2sgrad.lift import Lifted, Saved, may_alias, may_return_self
+from s2sgrad.lift import Saved, may_alias, may_return_self
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import BOTTOM, TENSOR, param_value
 
@@ -89,10 +90,10 @@ def _saved(ctx):
 '''
 
 
-def uses_save_helpers(lifted: Lifted) -> bool:
+def uses_save_helpers(record: Differentiated) -> bool:
     """Whether the context needs `_save`/`_saved`: a kind known only at run time, or
     more than one list of tensors."""
-    storages = [s.storage for s in lifted.context]
+    storages = [s.storage for s in record.context]
     return "unknown" in storages or storages.count("tensors") > 1
 
 
@@ -131,19 +132,19 @@ class FunctionWriter:
 
     def __init__(
         self,
-        lifted: Lifted,
+        record: Differentiated,
         names: Names,
         needs: str | None = None,
         pair: tuple[str, str] | None = None,
         handles_none: bool = False,
     ) -> None:
-        self.lifted = lifted
+        self.record = record
         self.handles_none = handles_none
-        self.diff = lifted.source
+        self.diff = record.source
         self.names = names
         self.needs = needs
         self.forward_name, self.backward_name = pair or (names.forward, names.backward)
-        alloc = NameAllocator(set(lifted.taken) | {p.name for p in self.diff.params})
+        alloc = NameAllocator(set(record.taken) | {p.name for p in self.diff.params})
         self.ctx = alloc.fresh("ctx")
         self.inputs_name = alloc.fresh("inputs")
         self.output_name = alloc.fresh("output")
@@ -157,12 +158,12 @@ class FunctionWriter:
         self.flat = alloc.fresh("tensors") if len(self.listed) > 1 else None
         self.outputs = self._outputs(alloc)
         self.grads = list(self.diff.grad_params)
-        incoming = dict(lifted.gradients.incoming) if lifted.gradients else {}
+        incoming = dict(record.gradients.incoming) if record.gradients else {}
         alloc.taken.update(self.grads)
         alloc.taken.update(incoming.values())
-        self.promoted = [s for s in lifted.context if s.promoted]
+        self.promoted = [s for s in record.context if s.promoted]
         self.incoming = [incoming[s.name] for s in self.promoted]
-        self.extras = [s for s in lifted.extras if not s.promoted]
+        self.extras = [s for s in record.extras if not s.promoted]
         self.rest = alloc.fresh("rest")
         self.grads_name = alloc.fresh("grads")
         self.meta = [alloc.fresh(n) for n in ("shape", "dtype", "device")]
@@ -170,7 +171,7 @@ class FunctionWriter:
         self.result = alloc.fresh("result")
         self.attrs = {
             s.name: (f"saved_{s.name}" if s.name in CTX_API else s.name)
-            for s in lifted.context
+            for s in record.context
             if s.storage == "object"
         }
         self.list_lengths = {
@@ -178,12 +179,12 @@ class FunctionWriter:
         }
         # setup_context unpacks inputs and outputs side by side: an input named like an
         # output or extra (a rebound parameter) gets its own name there.
-        clash = {o.var for o in self.outputs} | {s.name for s in lifted.extras}
+        clash = {o.var for o in self.outputs} | {s.name for s in record.extras}
         self.input_vars = {
             i.name: (alloc.fresh(f"input_{i.name}") if i.name in clash else i.name)
             for i in self.inputs
         }
-        self.helpers = uses_save_helpers(lifted)
+        self.helpers = uses_save_helpers(record)
 
     def _input(self, index: int) -> _Input:
         param = self.diff.params[index]
@@ -201,7 +202,7 @@ class FunctionWriter:
         params = {p.name for p in self.diff.params}
         found = []
         for i, node in enumerate(self.diff.outputs):
-            value = self.lifted.outputs[i] if i < len(self.lifted.outputs) else BOTTOM
+            value = self.record.outputs[i] if i < len(self.record.outputs) else BOTTOM
             if isinstance(node, cst.Name):
                 var = (
                     node.value
@@ -346,13 +347,13 @@ class FunctionWriter:
         if self.extras:
             context = _tuple(
                 [
-                    s.name if s in self.lifted.extras else "_"
-                    for s in self.lifted.context
+                    s.name if s in self.record.extras else "_"
+                    for s in self.record.context
                 ]
             )
         elif self.promoted:
             context = _tuple(
-                [s.name if s.promoted else "_" for s in self.lifted.context]
+                [s.name if s.promoted else "_" for s in self.record.context]
             )
         else:
             context = "_"
@@ -372,7 +373,7 @@ class FunctionWriter:
             f"def setup_context({self.ctx}: Any, {self.inputs_name}: {types.CONTEXT}, "
             f"{self.output_name}: Any) -> None:",
         ]
-        context = self.lifted.context
+        context = self.record.context
         wanted = {
             self.inputs[s.index].name
             for s in context
@@ -436,7 +437,7 @@ class FunctionWriter:
     def _unpack_outputs(self) -> list[str]:
         needed = {
             s.index
-            for s in self.lifted.context
+            for s in self.record.context
             if (s.kind == "output" or s.on == "output")
         }
         multi = self.diff.tuple_result
@@ -480,7 +481,7 @@ class FunctionWriter:
     # -- backward -----------------------------------------------------------------------
     def backward(self) -> list[str]:
         lines = ["@staticmethod"]
-        if self.lifted.once_differentiable:
+        if self.record.once_differentiable:
             lines.append("@once_differentiable")
         pairs = list(zip(self.grads, self.outputs, strict=True))
         plain = [g for g, o in pairs if not o.listed]
@@ -556,7 +557,7 @@ class FunctionWriter:
 
     def _context(self) -> str:
         """The context tuple f_backward unpacks, rebuilt from what setup_context kept."""
-        context = self.lifted.context
+        context = self.record.context
         if not context:
             return "()"
         if self.helpers:
@@ -671,7 +672,7 @@ class FunctionWriter:
                 return [f"return cast({result}, {call}[:{n_outputs}])"]
             return [f"return cast({result}, {call}[0])"]
         out = NameAllocator(
-            set(self.lifted.taken) | {p.name for p in self.diff.params}
+            set(self.record.taken) | {p.name for p in self.diff.params}
         ).fresh("out")
         lines = [f"{out} = {call}"]
         skip = len(returned) - len(self.listed_outputs)
@@ -696,7 +697,7 @@ class FunctionWriter:
         return lines
 
     def result_type(self) -> str:
-        return types.of_result(self.lifted.outputs, self.diff.tuple_result)
+        return types.of_result(self.record.outputs, self.diff.tuple_result)
 
 
 def _indent(lines: list[str]) -> list[str]:
@@ -725,28 +726,28 @@ def _targets(items: list[str]) -> str:
 
 
 def function_class(
-    lifted: Lifted,
+    record: Differentiated,
     names: Names,
     needs: str | None,
     pair: tuple[str, str],
     handles_none: bool,
 ) -> cst.BaseStatement:
     """The Function class, as a statement."""
-    text = FunctionWriter(lifted, names, needs, pair, handles_none).write()
+    text = FunctionWriter(record, names, needs, pair, handles_none).write()
     statement = cst.parse_module(text).body[0]
     return statement.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
 
 
-def op_def(lifted: Lifted, names: Names, path: str) -> cst.FunctionDef:
+def op_def(record: Differentiated, names: Names, path: str) -> cst.FunctionDef:
     """The op `f`: the source signature, calling the Function."""
-    writer = FunctionWriter(lifted, names)
+    writer = FunctionWriter(record, names)
     doc = cst.SimpleStatementLine(
-        [cst.Expr(cst.SimpleString(docs.docstring(docs.op_doc(lifted, path), "    ")))]
+        [cst.Expr(cst.SimpleString(docs.docstring(docs.op_doc(record, path), "    ")))]
     )
     body = [doc, *(cst.parse_statement(line + "\n") for line in writer.op_body())]
     return cst.FunctionDef(
         name=cst.Name(names.op),
-        params=types.annotated(lifted.source.forward.params, lifted.source.params),
+        params=types.annotated(record.source.forward.params, record.source.params),
         body=cst.IndentedBlock(body),
         returns=cst.Annotation(cst.parse_expression(writer.result_type())),
         leading_lines=[cst.EmptyLine(), cst.EmptyLine()],

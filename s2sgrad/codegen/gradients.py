@@ -1,6 +1,6 @@
 """The body of `f_backward`: the closure's own backward, then the generated VJP blocks.
 
-Takes a `Lifted` record; returns the statements after the context is unpacked. Without
+Takes a `Differentiated` record; returns the statements after the context is unpacked. Without
 promoted temporaries this is the closure's body as written (after any recomputation),
 sliced per gradient when it computes each one on its own. With them, the closure's final
 `return` becomes an assignment to one gradient variable per forward parameter, the
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
+from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import types
 from s2sgrad.codegen.slicing import slice_closure
 from s2sgrad.cst import module, spelled, statements
-from s2sgrad.lift import Lifted, Recompute
 from s2sgrad.names import NameAllocator
 
 
@@ -47,15 +47,15 @@ class BackwardBody:
     returns: str
 
 
-def backward_body(lifted: Lifted, line_length: int = 88) -> BackwardBody:
+def backward_body(record: Differentiated, line_length: int = 88) -> BackwardBody:
     """Return f_backward's statements after the context is unpacked."""
-    grads = lifted.gradients
-    user = statements(lifted.backward_body)
+    grads = record.gradients
+    user = statements(record.backward_body)
     prologue = recompute_call(grads.recompute) if grads and grads.recompute else []
-    results = list(lifted.results)
-    names = NameAllocator(lifted.taken)
+    results = list(record.results)
+    names = NameAllocator(record.taken)
     needs = names.fresh("needs_input_grad")
-    params = [p.name for p in lifted.source.params]
+    params = [p.name for p in record.source.params]
     guards = [names.fresh(f"need_{p}") for p in params]
     guarded = grads is not None and bool(grads.incoming)
     found = slice_closure(user, results, guards, line_length - (8 if guarded else 4))
@@ -82,9 +82,9 @@ def backward_body(lifted: Lifted, line_length: int = 88) -> BackwardBody:
         ret = cst.parse_statement(f"return {', '.join(results)}\n")
         body = [*prologue, *prefix, *init, *sliced, ret]
         return BackwardBody(body, needs, False, built)
-    diff = lifted.source
+    diff = record.source
     body = [*prologue, *prefix, *init]
-    closure, bare = (sliced, False) if sliced else _closure_part(lifted, results, user)
+    closure, bare = (sliced, False) if sliced else _closure_part(record, results, user)
     # The Function materializes the missing ones when any gradient arrives: the
     # closure runs with all of them, or with none.
     test = " and ".join(f"{g} is not None" for g in diff.grad_params)
@@ -117,7 +117,7 @@ def _names(node: cst.CSTNode) -> set[str]:
 
 
 def _closure_part(
-    lifted: Lifted, results: list[str], user: list[cst.BaseStatement]
+    record: Differentiated, results: list[str], user: list[cst.BaseStatement]
 ) -> tuple[list[cst.BaseStatement], bool]:
     """Turn the closure's final return into assignments to the gradient variables."""
     returns = m.findall(module(user), m.Return())
@@ -134,7 +134,7 @@ def _closure_part(
         bare = len(results) == 1 and not isinstance(ret.value, cst.Tuple)
         kept = [*user[:-1], final.with_changes(body=line)] if line else user[:-1]
         return kept or [cst.SimpleStatementLine([cst.Pass()])], bare
-    return _nested(lifted, results, user), False
+    return _nested(record, results, user), False
 
 
 def _assign(results: list[str], value: cst.BaseExpression | None) -> cst.Assign | None:
@@ -170,10 +170,10 @@ def _assign(results: list[str], value: cst.BaseExpression | None) -> cst.Assign 
 
 
 def _nested(
-    lifted: Lifted, results: list[str], user: list[cst.BaseStatement]
+    record: Differentiated, results: list[str], user: list[cst.BaseStatement]
 ) -> list[cst.BaseStatement]:
     """Keep a closure with several returns as a nested function and call it."""
-    diff = lifted.source
+    diff = record.source
     name = diff.backward.name.value
     nested = diff.backward.with_changes(body=cst.IndentedBlock(user), leading_lines=[])
     call = f"{name}({', '.join(diff.grad_params)})"

@@ -11,17 +11,14 @@ the order of the tuple `f_forward` returns. Rendering lives in `text` and `page`
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
 from typing import Literal
 
-import libcst as cst
-
-from s2sgrad.autodiff.plan import module_facts
+from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import generate
 from s2sgrad.codegen.function import CTX_API, uses_save_helpers
 from s2sgrad.header import Origin
-from s2sgrad.lift import Kind, Lifted, Saved, lift
+from s2sgrad.lift import Kind, Lifted, Saved
 from s2sgrad.lines import split_lines
 from s2sgrad.names import Names
 from s2sgrad.options import Options
@@ -29,7 +26,6 @@ from s2sgrad.pipeline import analyse
 
 How = Literal["generated VJP", "recompute", "saved only"]
 Reader = Literal["closure", "generated VJP", "recompute"]
-_VJP_LINE = re.compile(r"#\s*line (\d+): (.*)")
 
 
 @dataclass(frozen=True)
@@ -117,15 +113,12 @@ def review(
     source: str, origin: Origin, options: Options, output: str
 ) -> list[ReviewRecord]:
     """Return the review of every differentiator in `source`; raise `TransformError`."""
-    parsed, lifted = analyse(source, origin, options)
-    generated = _Generated(generate(parsed, lifted, options, origin), output)
+    parsed, records = analyse(source, origin, options)
+    generated = _Generated(generate(parsed, records, options, origin), output)
     lines = split_lines(source)
-    _, facts = module_facts(parsed)
     return [
-        _record(
-            item, lift(item.source, options, facts), generated, lines, options, origin
-        )
-        for item in lifted
+        _record(item, item.lifted, generated, lines, options, origin)
+        for item in records
     ]
 
 
@@ -149,7 +142,7 @@ class _Generated:
 
 
 def _record(
-    item: Lifted,
+    item: Differentiated,
     closure: Lifted,
     generated: _Generated,
     lines: list[str],
@@ -192,7 +185,7 @@ def _record(
 
 
 def _temporaries(
-    item: Lifted, closure: Lifted, policy: str
+    item: Differentiated, closure: Lifted, policy: str
 ) -> tuple[TemporaryRecord, ...]:
     """Say, for each captured temporary, how its gradient flows back and why."""
     incoming = dict(item.gradients.incoming) if item.gradients else {}
@@ -244,7 +237,7 @@ def _gradient(saved: Saved, temporary: TemporaryRecord | None) -> str:
 
 
 def _captures(
-    item: Lifted,
+    item: Differentiated,
     closure: Lifted,
     temporaries: tuple[TemporaryRecord, ...],
     attributes: dict[str, str],
@@ -309,7 +302,9 @@ def _kept(saved: Saved, gone: bool, extra: bool, attributes: dict[str, str]) -> 
     return f"passed on from forward in a tuple, {where}"
 
 
-def _context(item: Lifted, attributes: dict[str, str]) -> tuple[ContextSlot, ...]:
+def _context(
+    item: Differentiated, attributes: dict[str, str]
+) -> tuple[ContextSlot, ...]:
     slots = []
     tensors = 0
     helpers = "_save" in attributes
@@ -327,11 +322,6 @@ def _context(item: Lifted, attributes: dict[str, str]) -> tuple[ContextSlot, ...
     return tuple(slots)
 
 
-def _vjp_statements(item: Lifted) -> tuple[str, ...]:
+def _vjp_statements(item: Differentiated) -> tuple[str, ...]:
     """Return `line N: statement` for each forward statement the generated VJP covers."""
-    if not item.gradients or not item.gradients.blocks:
-        return ()
-    module = cst.Module(body=[])
-    code = "".join(module.code_for_node(block) for block in item.gradients.blocks)
-    found = [f"line {m[1]}: {m[2].strip()}" for m in _VJP_LINE.finditer(code)]
-    return tuple(dict.fromkeys(found))
+    return item.gradients.covered if item.gradients else ()
