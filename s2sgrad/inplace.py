@@ -30,7 +30,7 @@ from s2sgrad import opfacts
 from s2sgrad.cst import dotted
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
-from s2sgrad.lift import may_alias
+from s2sgrad.lift import aliasing_names
 from s2sgrad.lines import line_text, split_lines
 from s2sgrad.values import TENSOR, ModuleFacts, forward_values
 
@@ -45,12 +45,13 @@ def out_of_place(
     rewrites: dict[cst.CSTNode, InPlace] = {}
     problems: list[Diagnostic] = []
     lines = split_lines(source)
+    aliases = aliasing_names(diff)
     for write in diff.writes:
         value = values.get(write.name)
         if value is None or TENSOR not in value.kinds or not value.diff:
             continue  # carries no gradient: forward builds it, backward reads it
         call = _call_of(diff, write)
-        why = _why_not(diff, write, call)
+        why = _why_not(diff, write, call, aliases)
         if why is None:
             assert call is not None
             rewrites[call] = write
@@ -93,7 +94,12 @@ def _call_of(diff: Differentiator, write: InPlace) -> cst.Call | None:
     return None
 
 
-def _why_not(diff: Differentiator, write: InPlace, call: cst.Call | None) -> str | None:
+def _why_not(
+    diff: Differentiator,
+    write: InPlace,
+    call: cst.Call | None,
+    aliases: frozenset[str],
+) -> str | None:
     """Why a write cannot be rewritten out of place, or None when it can."""
     if write.kind == "store":
         return "an item or attribute store has no out-of-place form here"
@@ -103,7 +109,7 @@ def _why_not(diff: Differentiator, write: InPlace, call: cst.Call | None) -> str
         return "it has no out-of-place twin"
     if not _whole_statement(diff, call):
         return "it is used inside a larger expression"
-    if may_alias(diff, write.name):
+    if write.name in aliases:
         return "it may be an input's own tensor, which the caller would see change"
     alias = _alias_of(diff, write.name)
     if alias is not None:

@@ -110,6 +110,9 @@ class Lifted:
     results: tuple[str, ...]
     #: What each output of the result is (a tensor, a list of tensors...).
     outputs: tuple[Value, ...]
+    #: Names that some binding in forward may make another name's object (an input's,
+    #: perhaps): `aliasing_names`, computed once here for every later stage.
+    aliases: frozenset[str]
 
     @property
     def extras(self) -> tuple[Saved, ...]:
@@ -136,6 +139,7 @@ def lift(
     values = evaluator.env
     outputs = tuple(evaluator.expr(o) for o in diff.outputs)
     rebound = rebound_names(diff)
+    aliases = aliasing_names(diff)
     names = NameAllocator(diff.local_names | set(diff.grad_params))
     entries: list[tuple[tuple[int, int], Saved]] = []
     replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
@@ -144,7 +148,7 @@ def lift(
             on = origin(diff, capture.name, rebound)
             entries += _metadata_entries(capture, names, replacements, on)
         else:
-            saved = _classify(diff, capture, values, rebound)
+            saved = _classify(diff, capture, values, rebound, aliases)
             entries.append(((capture.uses[0].line, capture.uses[0].column), saved))
     context = in_context_order(s for _, s in sorted(entries, key=lambda e: e[0]))
     _free_keywords(diff, names, replacements)
@@ -161,6 +165,7 @@ def lift(
         once,
         results,
         outputs,
+        aliases,
     )
 
 
@@ -367,24 +372,28 @@ def result_names(
     )
 
 
-def may_alias(diff: Differentiator, name: str) -> bool:
-    """Tell whether some binding of `name` in forward may be another name's object.
+def aliasing_names(diff: Differentiator) -> frozenset[str]:
+    """The names some binding in forward may make another name's object, in one pass.
 
     Looks at `name = value` (also annotated, or `:=`) and at the matching element of a
     tuple assignment (`t, name = a * b, value`; unpacking a call, `name, _ = g(x)`), and
     counts a value that `may_return_self`. A name bound by `for` or `with ... as` counts
-    too: nothing is known of it.
+    too: nothing is known of it. Lift computes this once per differentiator (it is
+    `Lifted.aliases`); the in-place judge computes it on forward before rewriting.
     """
+    found: set[str] = set()
     for statement in diff.statements:
         for node in m.findall(
             statement,
             m.Assign() | m.AnnAssign() | m.NamedExpr() | m.For() | m.WithItem(),
         ):
             for target, value in _assignments(node):
-                bound = _bound_value(target, value, name)
-                if bound is not None and may_return_self(bound, diff.qualified_names):
-                    return True
-    return False
+                for name, expression in _bindings(target, value):
+                    if name not in found and may_return_self(
+                        expression, diff.qualified_names
+                    ):
+                        found.add(name)
+    return frozenset(found)
 
 
 def _assignments(
@@ -442,32 +451,33 @@ def may_return_self(
     return False
 
 
-def _bound_value(
-    target: cst.BaseExpression, value: cst.BaseExpression, name: str
-) -> cst.BaseExpression | None:
-    """The expression `target = value` binds to `name`, through matching tuples.
+def _bindings(
+    target: cst.BaseExpression, value: cst.BaseExpression
+) -> list[tuple[str, cst.BaseExpression]]:
+    """(name, expression) for each name `target = value` binds, through matching tuples.
 
-    Unpacking anything but a tuple of the same length (`t, u = g(x)`) gives the whole
-    value: an element of it may be an existing object just as well.
+    Unpacking anything but a tuple of the same length (`t, u = g(x)`) gives each name
+    the whole value: an element of it may be an existing object just as well.
     """
     if isinstance(target, cst.Name):
-        return value if target.value == name else None
-    if isinstance(target, (cst.Tuple, cst.List)):
-        if isinstance(value, (cst.Tuple, cst.List)) and len(target.elements) == len(
-            value.elements
-        ):
-            for t, v in zip(target.elements, value.elements, strict=True):
-                found = _bound_value(t.value, v.value, name)
-                if found is not None:
-                    return found
-            return None
-        if any(
-            _bound_value(t.value, t.value, name) is not None for t in target.elements
-        ):
-            return value
+        return [(target.value, value)]
     if isinstance(target, cst.StarredElement):
-        return _bound_value(target.value, value, name)
-    return None
+        return _bindings(target.value, value)
+    if not isinstance(target, (cst.Tuple, cst.List)):
+        return []  # an item or attribute store binds no name
+    if isinstance(value, (cst.Tuple, cst.List)) and len(target.elements) == len(
+        value.elements
+    ):
+        return [
+            pair
+            for t, v in zip(target.elements, value.elements, strict=True)
+            for pair in _bindings(t.value, v.value)
+        ]
+    return [
+        (name, value)
+        for t in target.elements
+        for name, _ in _bindings(t.value, t.value)
+    ]
 
 
 def origin(
@@ -512,11 +522,12 @@ def _classify(
     capture: Capture,
     values: Mapping[str, Value],
     rebound: set[str],
+    aliases: frozenset[str],
 ) -> Saved:
     name = capture.name
     params = [p.name for p in diff.params]
     # A parameter rebound on some paths only may still be the input object itself.
-    alias = name in params or may_alias(diff, name)
+    alias = name in params or name in aliases
     value = values.get(name, UNKNOWN)
     where = origin(diff, name, rebound)
     return classify(diff, name, name, value, where, capture.uses[0].line, alias)

@@ -46,7 +46,6 @@ from s2sgrad.lift import (
     Saved,
     classify,
     in_context_order,
-    may_alias,
     origin,
     rebound_names,
 )
@@ -519,7 +518,7 @@ class Planner:
         alias = (
             version.is_param
             or source in params
-            or (final and may_alias(self.diff, source))
+            or (final and source in self.lifted.aliases)
         )
         return classify(self.diff, name, source, version.value, where, 0, alias)
 

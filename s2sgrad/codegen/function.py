@@ -26,7 +26,7 @@ import libcst as cst
 
 from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import docs, types
-from s2sgrad.lift import Saved, may_alias, may_return_self
+from s2sgrad.lift import Saved, may_return_self
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import BOTTOM, TENSOR, param_value
 
@@ -209,7 +209,9 @@ class FunctionWriter:
                     if node.value not in params
                     else alloc.fresh(f"output_{i}")
                 )
-                aliased = node.value in params or may_alias(self.diff, node.value)
+                aliased = (
+                    node.value in params or node.value in self.record.lifted.aliases
+                )
             else:
                 var = alloc.fresh(
                     "result" if not self.diff.tuple_result else f"output_{i}"
