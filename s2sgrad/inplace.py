@@ -20,7 +20,7 @@ Invariant: the returned statements compute the same values as the source's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import libcst as cst
@@ -32,16 +32,19 @@ from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names
 from s2sgrad.lines import line_text, split_lines
-from s2sgrad.values import TENSOR, ModuleFacts, forward_values
+from s2sgrad.values import TENSOR, Value
 
 
 def out_of_place(
-    diff: Differentiator, facts: ModuleFacts, path: str, source: str
+    diff: Differentiator, values: Mapping[str, Value], path: str, source: str
 ) -> Differentiator:
-    """Rewrite forward's in-place writes to differentiable tensors out of place."""
+    """Rewrite forward's in-place writes to differentiable tensors out of place.
+
+    `values` are forward's values at its end (`forward_values(diff, facts).env`).
+    Returns `diff` itself when nothing is rewritten.
+    """
     if not diff.writes:
         return diff
-    values = forward_values(diff, facts).env
     rewrites: dict[cst.CSTNode, InPlace] = {}
     problems: list[Diagnostic] = []
     lines = split_lines(source)

@@ -24,7 +24,15 @@ from s2sgrad.frontend.model import Capture, Differentiator, Use
 from s2sgrad.lines import line_text, split_lines
 from s2sgrad.names import NameAllocator
 from s2sgrad.options import Options
-from s2sgrad.values import OTHER, SEQ, UNKNOWN, ModuleFacts, Value, forward_values
+from s2sgrad.values import (
+    OTHER,
+    SEQ,
+    UNKNOWN,
+    Evaluator,
+    ModuleFacts,
+    Value,
+    forward_values,
+)
 
 Kind = Literal["input", "output", "temporary", "constant", "metadata"]
 #: How the autograd Function keeps a value for backward: `tensor` (a tensor or None:
@@ -129,13 +137,18 @@ def extras_of(context: Iterable[Saved]) -> tuple[Saved, ...]:
 
 
 def lift(
-    diff: Differentiator, options: Options, facts: ModuleFacts | None = None
+    diff: Differentiator,
+    options: Options,
+    facts: ModuleFacts | None = None,
+    evaluator: Evaluator | None = None,
 ) -> Lifted:
     """Classify the captures of `diff` and build its context.
 
-    `facts` says what the module's other differentiators and helpers return.
+    `facts` says what the module's other differentiators and helpers return;
+    `evaluator`, when given, is `forward_values(diff, facts)` computed already.
     """
-    evaluator = forward_values(diff, facts)
+    if evaluator is None:
+        evaluator = forward_values(diff, facts)
     values = evaluator.env
     outputs = tuple(evaluator.expr(o) for o in diff.outputs)
     rebound = rebound_names(diff)
@@ -170,15 +183,14 @@ def lift(
 
 
 def check_outputs(
-    diff: Differentiator, facts: ModuleFacts | None, path: str, source: str
+    diff: Differentiator, evaluator: Evaluator, path: str, source: str
 ) -> list[Diagnostic]:
     """Reject an output whose kind cannot be proven (S2S124).
 
     The Function must know, when it is generated, whether an output is a tensor (one
     output to autograd) or a list of tensors (flattened into its elements): guessing
-    wrong would lose the gradient silently.
+    wrong would lose the gradient silently. `evaluator` holds forward's values.
     """
-    evaluator = forward_values(diff, facts)
     final = diff.forward.body.body[-1]
     line = diff.statement_lines.get(final, diff.last_line)
     text = line_text(split_lines(source), line)

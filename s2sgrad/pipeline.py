@@ -16,7 +16,7 @@ from s2sgrad.header import Origin
 from s2sgrad.inplace import out_of_place
 from s2sgrad.lift import check_outputs, check_parameters, lift
 from s2sgrad.options import Options
-from s2sgrad.values import ModuleFacts
+from s2sgrad.values import Evaluator, ModuleFacts, forward_values
 
 
 def convert(source: str, origin: Origin, options: Options) -> str:
@@ -49,17 +49,17 @@ def analyse(
             ]
         )
     siblings, facts = module_facts(parsed)
-    diffs = _judge_forward(parsed, facts, origin.display_path)
+    judged = _judge_forward(parsed, facts, origin.display_path)
     records = [
         differentiate(
-            lift(d, options, facts),
+            lift(d, options, facts, evaluator),
             options,
             source,
             siblings,
             facts,
             origin.display_path,
         )
-        for d in diffs
+        for d, evaluator in judged
     ]
     return parsed, records
 
@@ -79,18 +79,23 @@ def has_differentiators(source: str, path: str) -> bool:
 
 def _judge_forward(
     parsed: ParsedModule, facts: ModuleFacts, path: str
-) -> list[Differentiator]:
-    """Check what forward's values are: outputs of a known kind, in-place writes that
-    can be kept or rewritten (which are); report every problem of the module."""
+) -> list[tuple[Differentiator, Evaluator | None]]:
+    """Check what forward's values are: parameters and outputs of a known kind,
+    in-place writes that can be kept or rewritten (which are); report every problem of
+    the module. Each differentiator comes back with forward's values, for lift, unless
+    its forward was rewritten (then lift evaluates the new one)."""
     found: list[Diagnostic] = []
-    diffs = []
+    judged: list[tuple[Differentiator, Evaluator | None]] = []
     for diff in parsed.differentiators:
+        evaluator = forward_values(diff, facts)
         unannotated = check_parameters(diff, path, parsed.source)
-        found += unannotated or check_outputs(diff, facts, path, parsed.source)
+        found += unannotated or check_outputs(diff, evaluator, path, parsed.source)
         try:
-            diffs.append(out_of_place(diff, facts, path, parsed.source))
+            rewritten = out_of_place(diff, evaluator.env, path, parsed.source)
         except TransformError as exc:
             found += exc.diagnostics
+            continue
+        judged.append((rewritten, evaluator if rewritten is diff else None))
     if found:
         raise TransformError(sorted(found, key=lambda d: (d.line, d.column)))
-    return diffs
+    return judged
