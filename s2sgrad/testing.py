@@ -167,16 +167,30 @@ class _Rule:
         return found
 
     def _per_leaf(self, returned: Any) -> dict[str, Any]:
-        """The gradient `backward` returned for each leaf name (None: none given)."""
-        several = isinstance(returned, tuple) or (
+        """The gradient `backward` returned for each leaf name (None: none given),
+        read as the generated op reads it: one entry per parameter, a list parameter's
+        entry any iterable of gradients; a lone list parameter's gradients may come
+        bare or in a 1-tuple."""
+        listed = {
+            name
+            for name, value in self.bound.arguments.items()
+            if isinstance(value, (list, tuple))
+            and any(isinstance(v, torch.Tensor) for v in value)
+        }
+        if len(self.names) == 1 and self.names[0] in listed:
+            bare = isinstance(returned, tuple) and len(returned) == 1
+            if bare and not isinstance(returned[0], torch.Tensor):
+                returned = returned[0]
+            entries: tuple[Any, ...] = (returned,)
+        elif isinstance(returned, tuple) or (
             isinstance(returned, list) and len(self.names) > 1
-        )
-        entries = returned if several else (returned,)
-        if len(self.names) == 1 and not isinstance(returned, tuple):
+        ):
+            entries = tuple(returned)
+        else:
             entries = (returned,)
         by_name: dict[str, Any] = {}
         for name, entry in zip(self.names, entries, strict=False):
-            if isinstance(entry, (list, tuple)):
+            if name in listed and entry is not None:
                 for i, item in enumerate(entry):
                     by_name[f"{name}[{i}]"] = item
             else:

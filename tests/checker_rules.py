@@ -125,3 +125,18 @@ def mul_listed(x: torch.Tensor, y: torch.Tensor):
     def backward(grad):
         return [grad * y, grad * x]
     return x * y, backward
+
+
+def pair_product(xs: tuple[torch.Tensor, ...]):
+    """a * b of a pair; backward returns the pair's gradients bare."""
+    a, b = xs
+    def backward(grad):
+        return (grad * b, grad * a)
+    return a * b, backward
+
+
+def total(xs: list[torch.Tensor]):
+    """The sum of a list; backward returns its gradients as a generator."""
+    def backward(grad):
+        return (grad for _ in xs)
+    return torch.stack(xs).sum(0), backward

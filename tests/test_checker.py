@@ -104,6 +104,11 @@ def test_gradients_listed_in_a_list_are_read_per_parameter():
     check_gradients(rules.mul_listed, r(2, 3), r(2, 3), order=3)
 
 
+def test_a_lone_list_parameter_may_get_its_gradients_bare():
+    check_gradients(rules.pair_product, (r(3), r(3)), order=2)
+    check_gradients(rules.total, [r(3), r(3), r(3)], order=2)
+
+
 def test_float32_inputs_use_the_same_oracle():
     check_gradients(
         rules.swiglu,

@@ -711,6 +711,36 @@ CASES = [
         "with_extra_off",
         lambda: ([r(3, 4), False], {}),
     ),
+    Case(
+        "a_lone_tuple_parameter_gets_its_gradients_bare",
+        """
+        import torch
+
+        def pair_product(xs: tuple[torch.Tensor, ...]):
+            a, b = xs
+            y = a * b
+            def backward(g):
+                return (g * b, g * a)
+            return y, backward
+        """,
+        "pair_product",
+        lambda: ([(r(3), r(3))], {}),
+    ),
+    Case(
+        "a_lone_list_parameter_gets_a_generator",
+        """
+        from typing import List
+        import torch
+
+        def total(xs: List[torch.Tensor]):
+            y = torch.stack(xs).sum(0)
+            def backward(g):
+                return (g for _ in xs)
+            return y, backward
+        """,
+        "total",
+        lambda: ([[r(3), r(3), r(3)]], {}),
+    ),
 ]
 
 

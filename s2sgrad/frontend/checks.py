@@ -467,9 +467,12 @@ def _check_gradient_count(
                 hint,
             )
         ]
+    one_list = n_params == 1 and _list_annotated(names_of(params)[0])
     found = []
     for ret in returns.returns:
         value = ret.value
+        if one_list and not _holds_a_list(value):
+            continue  # one list parameter's gradients, bare: any number of them
         listed = isinstance(value, cst.Tuple) or (
             n_params > 1 and isinstance(value, cst.List)
         )
@@ -501,6 +504,28 @@ def _check_gradient_count(
                 )
             )
     return found
+
+
+def names_of(params: cst.Parameters) -> list[cst.Param]:
+    """The parameters that take one argument each, in signature order."""
+    return [*params.posonly_params, *params.params, *params.kwonly_params]
+
+
+def _holds_a_list(value: cst.BaseExpression | None) -> bool:
+    """Whether a returned tuple display has an element written as a list."""
+    shapes = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
+    return isinstance(value, cst.Tuple) and any(
+        isinstance(e.value, shapes) for e in value.elements
+    )
+
+
+def _list_annotated(param: cst.Param) -> bool:
+    """Whether the parameter is annotated as a list of tensors."""
+    from s2sgrad.values import annotation_value  # values reads frontend's records
+
+    if param.annotation is None:
+        return False
+    return annotation_value(param.annotation.annotation).tensor_list
 
 
 class _OwnReturns(cst.CSTVisitor):
