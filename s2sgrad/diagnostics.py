@@ -41,6 +41,7 @@ CODES: dict[str, str] = {
     "S2S123": "in-place change of a differentiable tensor that cannot be rewritten",
     "S2S124": "an output of unknown kind",
     "S2S125": "an unannotated parameter that takes a gradient used as a sequence",
+    "S2S126": "forward reads autograd's state",
 }
 
 

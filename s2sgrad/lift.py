@@ -266,6 +266,70 @@ def check_parameters(diff: Differentiator, path: str, source: str) -> list[Diagn
     return found
 
 
+#: What forward may not ask autograd: the generated forward runs inside
+#: `Function.forward`, where grad mode is off and its own values carry no history.
+_GRAD_MODE_CALLS = frozenset(
+    {"torch.is_grad_enabled", "torch.is_inference_mode_enabled"}
+)
+_HISTORY_ATTRIBUTES = frozenset({"requires_grad", "grad_fn", "is_leaf"})
+
+
+def check_autograd_state(
+    diff: Differentiator, path: str, source: str
+) -> list[Diagnostic]:
+    """Reject forward statements that read autograd's state (S2S126).
+
+    Inside the generated Function's forward grad mode is off and the values forward
+    computes have no history, where the closure ran with both: `torch.is_grad_enabled()`
+    or a temporary's `.requires_grad` would silently change what backward does. A
+    parameter's `.requires_grad` is the caller's tensor's, the same in both, and stays
+    (unless forward rebinds the name).
+    """
+    params = {p.name for p in diff.params} - rebound_names(diff)
+    lines = split_lines(source)
+    found = []
+    for statement in diff.statements:
+        hits = [
+            node
+            for node in m.findall(statement, m.Call() | m.Attribute())
+            if _reads_autograd_state(node, params, diff.qualified_names)
+        ]
+        for node in hits[:1]:
+            line = diff.statement_lines.get(statement, diff.first_line)
+            text = line_text(lines, line)
+            shown = code(node)
+            column = text.find(shown) + 1 or len(text) - len(text.lstrip()) + 1
+            found.append(
+                Diagnostic(
+                    "S2S126",
+                    f"forward reads autograd's state (`{shown}`), which the generated "
+                    "forward does not share: it runs with grad mode off and its values "
+                    "carry no history",
+                    path,
+                    line,
+                    column,
+                    text,
+                    "read `.requires_grad` of the parameters it depends on instead "
+                    "(`x.requires_grad`): the generated forward sees those as the "
+                    "closure does",
+                )
+            )
+    return found
+
+
+def _reads_autograd_state(
+    node: cst.CSTNode, params: set[str], qualified: Mapping[cst.CSTNode, str]
+) -> bool:
+    if isinstance(node, cst.Call):
+        return dotted(node.func) and qualified.get(node.func) in _GRAD_MODE_CALLS
+    assert isinstance(node, cst.Attribute)
+    if node.attr.value not in _HISTORY_ATTRIBUTES:
+        return False
+    if qualified.get(node, "").startswith("torch."):
+        return False  # a torch name spelled with one of these words
+    return not (isinstance(node.value, cst.Name) and node.value.value in params)
+
+
 class _SequenceUse(cst.CSTVisitor):
     """Find the first use of `name` that only a sequence allows (or that iterates)."""
 

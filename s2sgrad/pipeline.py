@@ -14,7 +14,7 @@ from s2sgrad.frontend import ParsedModule, parse
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.header import Origin
 from s2sgrad.inplace import out_of_place
-from s2sgrad.lift import check_outputs, check_parameters, lift
+from s2sgrad.lift import check_autograd_state, check_outputs, check_parameters, lift
 from s2sgrad.options import Options
 from s2sgrad.values import Evaluator, ModuleFacts, forward_values
 
@@ -90,6 +90,7 @@ def _judge_forward(
         evaluator = forward_values(diff, facts)
         unannotated = check_parameters(diff, path, parsed.source)
         found += unannotated or check_outputs(diff, evaluator, path, parsed.source)
+        found += check_autograd_state(diff, path, parsed.source)
         try:
             rewritten = out_of_place(diff, evaluator.env, path, parsed.source)
         except TransformError as exc:

@@ -355,7 +355,7 @@ CASES = [
 
         def norm_like(x: torch.Tensor, training: bool = True):
             size = x.size()
-            batch = _use_batch_stats(torch.is_grad_enabled() or training, x)
+            batch = _use_batch_stats(training or torch.is_nonzero(x.new_zeros(())), x)
             mean = x.mean(0, keepdim=True) if batch else x.mean()
             out = (x - mean).expand(2, *size)
             def backward(g):
@@ -740,6 +740,22 @@ CASES = [
         """,
         "total",
         lambda: ([[r(3), r(3), r(3)]], {}),
+    ),
+    Case(
+        "parameters_requires_grad_read_in_forward",
+        """
+        import torch
+
+        def gated_mul(x: torch.Tensor, w: torch.Tensor):
+            need_x = x.requires_grad
+            need_w = w.requires_grad
+            y = x * w
+            def backward(g):
+                return (g * w if need_x else None), (g * x if need_w else None)
+            return y, backward
+        """,
+        "gated_mul",
+        lambda: ([r(3), r(3)], {}),
     ),
 ]
 
