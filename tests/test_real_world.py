@@ -757,6 +757,21 @@ CASES = [
         "gated_mul",
         lambda: ([r(3), r(3)], {}),
     ),
+    Case(
+        "two_list_outputs",
+        """
+        import torch
+
+        def rows_and_columns(x: torch.Tensor):
+            rows = torch.unbind(x, 0)
+            cols = torch.chunk(x * 2, 3, 1)
+            def backward(g_rows, g_cols):
+                return torch.stack(g_rows, 0) + 2 * torch.cat(g_cols, 1)
+            return rows, cols, backward
+        """,
+        "rows_and_columns",
+        lambda: ([r(2, 3)], {}),
+    ),
 ]
 
 
@@ -815,6 +830,41 @@ def test_gradcheck_and_gradgradcheck(case: Case, loaded) -> None:
 
     assert torch.autograd.gradcheck(rebuilt, flat)
     assert torch.autograd.gradgradcheck(rebuilt, flat)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.random], ids=lambda c: c.name)
+def test_forward_mode_matches_the_closure_forward(case: Case, loaded) -> None:
+    """torch.func.jvp of the op equals jvp of the closure's own forward."""
+    closure, generated, _ = loaded[case.name]
+    torch.manual_seed(0)
+    args, kwargs = case.inputs()
+    flat = [t.detach() for t in tensors_of(args) + tensors_of(kwargs)]
+    flat = [t for t in flat if t.is_floating_point()]
+    if not flat:
+        pytest.skip("no floating-point input")
+
+    def of(fn: Callable[..., Any]) -> Callable[..., tuple[torch.Tensor, ...]]:
+        def run(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            it = iter(tensors)
+
+            def swap(value: Any) -> Any:
+                if isinstance(value, torch.Tensor):
+                    return next(it) if value.is_floating_point() else value
+                if isinstance(value, (list, tuple)):
+                    return type(value)(swap(v) for v in value)
+                return value
+
+            outputs = tensors_of(fn(*swap(args), **swap(kwargs)))
+            return tuple(o for o in outputs if o.is_floating_point())
+
+        return run
+
+    tangents = tuple(torch.randn_like(t) for t in flat)
+    _, want = torch.func.jvp(of(closure_forward(closure[case.function])), tuple(flat), tangents)
+    _, got = torch.func.jvp(of(generated[case.function]), tuple(flat), tangents)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, msg=lambda m: f"{case.name}: tangents: {m}")
 
 
 def test_list_outputs_keep_their_type(loaded) -> None:

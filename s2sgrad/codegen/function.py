@@ -391,6 +391,7 @@ class FunctionWriter:
                 lines.append(f"    {targets[0][1:]} = {self.output_name}")
             elif any(t != "_" for t in targets):
                 lines.append(f"    {_targets(targets)} = {self.output_name}")
+            lines += self._split_pieces()
         values = [self._value(s) for s in context]
         if self.helpers:
             lines.append(f"    _save({self.ctx}, {', '.join(values)})")
@@ -461,6 +462,21 @@ class FunctionWriter:
         while kept and kept[-1] == "_":
             kept.pop()
         return kept + ["*_"] if len(kept) < len(targets) and kept else targets
+
+    def _split_pieces(self) -> list[str]:
+        """Several list outputs come flattened into one run of pieces: cut it up."""
+        listed = self.listed_outputs
+        if len(listed) < 2:
+            return []
+        lines, start = [], ""
+        for k, out in enumerate(listed):
+            if k == len(listed) - 1:
+                lines.append(f"    {out.var} = {self.pieces}[{start}:]")
+                continue
+            stop = f"{start} + {out.var}_len" if start else f"{out.var}_len"
+            lines.append(f"    {out.var} = {self.pieces}[{start}:{stop}]")
+            start = stop
+        return lines
 
     def _value(self, saved: Saved) -> str:
         """The setup_context expression of one context entry."""
