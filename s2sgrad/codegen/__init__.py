@@ -79,10 +79,12 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
     """`function.apply(*args)`, with a `jvp` where forward mode may ask for one."""
     if torch.compiler.is_compiling():  # which traces no custom jvp
         return function.apply(*args)  # type: ignore[no-untyped-call]
-    level = getattr(forward_ad, "_current_level", 0)
-    if _base_apply is not None and _transforms_active() and _jvp_over_jvp(function):
+    if _base_apply is None:
+        return _with_jvp(function).apply(*args)
+    transforms = _transforms_active()
+    if transforms and _jvp_over_jvp(function):
         return function.forward(*args)  # forward mode only: the forward's own code
-    if _base_apply is None or _transforms_active() or level >= 0:
+    if transforms or getattr(forward_ad, "_current_level", 0) >= 0:
         return _with_jvp(function).apply(*args)
     return _base_apply.__get__(None, function)(*_unwrap(args))
 
@@ -129,9 +131,9 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
             inputs[i] = tensor
         return _distinct(_jvp(function.forward, inputs, tangents))
 
-    own: dict[str, Any] = {"forward": forward, "setup_context": setup_context}
-    own.update(backward=backward, jvp=jvp)
-    return type(function.__name__, (function,), {k: staticmethod(v) for k, v in own.items()})
+    methods = (forward, setup_context, backward, jvp)
+    own = {method.__name__: staticmethod(method) for method in methods}
+    return type(function.__name__, (function,), own)
 
 
 class _Kept:
