@@ -28,6 +28,17 @@ input returned as-is, the same value twice), keyword-only parameters (a tensor t
 some statements into tuple assignments. Some temporaries and parameters take names the
 generated code uses itself (`ctx`, `output`, `grad_x`, `x_shape`, `x_0`...).
 
+Closures as others write them (issue 11) are drawn too: a list parameter
+(`List[torch.Tensor]`, `list[...]`, `Sequence[...]`, `tuple[torch.Tensor, ...]`) of
+random length, zero to four, read whole (`torch.stack`, `torch.cat`, `sum`) or per
+element, with per-element metadata (`[e.shape[0] for e in xs]`); list outputs
+(`torch.split`, `unbind`) whose backward takes the list of gradients; lists of
+temporaries filled in a loop by `append`, by index or by `insert`; forward-side
+construction of constants (a fresh tensor filled by an item store, `mul_`, `fill_`,
+`index_fill_`); values of other kinds from torch calls that backward captures
+(`torch.ops.aten._size_if_not_equal`'s `int[]?`, a bool, an int); and the flat
+multi-output return `return a, b, backward`.
+
 The closure's `backward` is written here as source, by reverse mode over the DAG from a
 hand-written reference formula per op (the `vjp` templates below); nothing is computed by
 torch at generation time. It reads forward values (inputs, temporaries, outputs, their
