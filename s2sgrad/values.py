@@ -727,8 +727,8 @@ class Evaluator:
         if self.depth >= _HELPER_DEPTH or any(a.star for a in node.args):
             return top(diff)
         params = helper.node.params
-        if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.star_kwarg:
-            return top(diff)
+        if isinstance(params.star_arg, cst.Param) or params.star_kwarg:
+            return top(diff)  # `*args`, `**kwargs` (a bare `*` only marks keywords)
         ordered = [*params.posonly_params, *params.params, *params.kwonly_params]
         inner = Evaluator(helper.qualified_names, {}, self.facts, self.depth + 1)
         env: dict[str, Value] = {}

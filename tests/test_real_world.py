@@ -772,6 +772,28 @@ CASES = [
         "rows_and_columns",
         lambda: ([r(2, 3)], {}),
     ),
+    Case(
+        "helper_with_keyword_only_parameters",
+        """
+        import torch
+
+        def _leaky(t, *, slope=0.1, scale=1.0):
+            return torch.where(t > 0, t, slope * t) * scale
+
+        def _leaky_slope(t, *, slope=0.1, scale=1.0):
+            return torch.where(t > 0, torch.ones_like(t), torch.full_like(t, slope)) * scale
+
+        def leaky_linear(x: torch.Tensor, w: torch.Tensor):
+            h = x @ w
+            y = _leaky(h, scale=2.0)
+            def backward(g):
+                gh = g * _leaky_slope(h, scale=2.0)
+                return gh @ w.t(), x.t() @ gh
+            return y, backward
+        """,
+        "leaky_linear",
+        lambda: ([r(3, 4), r(4, 5)], {}),
+    ),
 ]
 
 
