@@ -117,6 +117,54 @@ def grads(
     return [o.detach() for o in outputs], [g.detach() for g in found]
 
 
+# Sources that two cases run with different kinds of argument.
+_SCALED_SIN = """
+        import torch
+
+        def scaled_sin(x: torch.Tensor, s: torch.Tensor | float):
+            y = x * s
+            t = torch.sin(y)
+            def backward(g):
+                gy = g * torch.cos(y)
+                return gy * s, (gy * x).sum() if isinstance(s, torch.Tensor) else None
+            return t, backward
+        """
+
+
+_AFFINE = """
+        import torch
+
+        def affine(x, w, bias=None):
+            y = x @ w
+            if bias is not None:
+                y = y + bias
+            t = torch.tanh(y)
+            def backward(g):
+                gy = g * (1 - t * t)
+                gb = gy.sum(0) if bias is not None else None
+                return gy @ w.t(), x.t() @ gy, gb
+            return t, backward
+        """
+
+
+_WITH_EXTRA = """
+        import torch
+
+        def _extra(x, flag):
+            return x * 2 if flag else None
+
+        def with_extra(x: torch.Tensor, flag: bool = True):
+            y = torch.sin(x)
+            e = _extra(x, flag)
+            def backward(gy, ge):
+                gx = gy * torch.cos(x)
+                if ge is not None:
+                    gx = gx + 2 * ge
+                return gx, None
+            return (y, e), backward
+        """
+
+
 CASES = [
     Case(
         "cat_scale",
@@ -587,71 +635,25 @@ CASES = [
     ),
     Case(
         "temporary_of_a_tensor_or_number_with_a_tensor",
-        """
-        import torch
-
-        def scaled_sin(x: torch.Tensor, s: torch.Tensor | float):
-            y = x * s
-            t = torch.sin(y)
-            def backward(g):
-                gy = g * torch.cos(y)
-                return gy * s, (gy * x).sum() if isinstance(s, torch.Tensor) else None
-            return t, backward
-        """,
+        _SCALED_SIN,
         "scaled_sin",
         lambda: ([r(3), r()], {}),
     ),
     Case(
         "temporary_of_a_tensor_or_number_with_a_number",
-        """
-        import torch
-
-        def scaled_sin(x: torch.Tensor, s: torch.Tensor | float):
-            y = x * s
-            t = torch.sin(y)
-            def backward(g):
-                gy = g * torch.cos(y)
-                return gy * s, (gy * x).sum() if isinstance(s, torch.Tensor) else None
-            return t, backward
-        """,
+        _SCALED_SIN,
         "scaled_sin",
         lambda: ([r(3), 2.5], {}),
     ),
     Case(
         "unannotated_none_default_given_a_tensor",
-        """
-        import torch
-
-        def affine(x, w, bias=None):
-            y = x @ w
-            if bias is not None:
-                y = y + bias
-            t = torch.tanh(y)
-            def backward(g):
-                gy = g * (1 - t * t)
-                gb = gy.sum(0) if bias is not None else None
-                return gy @ w.t(), x.t() @ gy, gb
-            return t, backward
-        """,
+        _AFFINE,
         "affine",
         lambda: ([r(2, 3), r(3, 4), r(4)], {}),
     ),
     Case(
         "unannotated_none_default_left_none",
-        """
-        import torch
-
-        def affine(x, w, bias=None):
-            y = x @ w
-            if bias is not None:
-                y = y + bias
-            t = torch.tanh(y)
-            def backward(g):
-                gy = g * (1 - t * t)
-                gb = gy.sum(0) if bias is not None else None
-                return gy @ w.t(), x.t() @ gy, gb
-            return t, backward
-        """,
+        _AFFINE,
         "affine",
         lambda: ([r(2, 3), r(3, 4)], {}),
     ),
@@ -671,44 +673,14 @@ CASES = [
     ),
     Case(
         "an_output_that_may_be_none",
-        """
-        import torch
-
-        def _extra(x, flag):
-            return x * 2 if flag else None
-
-        def with_extra(x: torch.Tensor, flag: bool = True):
-            y = torch.sin(x)
-            e = _extra(x, flag)
-            def backward(gy, ge):
-                gx = gy * torch.cos(x)
-                if ge is not None:
-                    gx = gx + 2 * ge
-                return gx, None
-            return (y, e), backward
-        """,
+        _WITH_EXTRA,
         "with_extra",
         lambda: ([r(3, 4), True], {}),
     ),
     Case(
         "an_output_that_is_none",
-        """
-        import torch
-
-        def _extra(x, flag):
-            return x * 2 if flag else None
-
-        def with_extra_off(x: torch.Tensor, flag: bool = False):
-            y = torch.sin(x)
-            e = _extra(x, flag)
-            def backward(gy, ge):
-                gx = gy * torch.cos(x)
-                if ge is not None:
-                    gx = gx + 2 * ge
-                return gx, None
-            return (y, e), backward
-        """,
-        "with_extra_off",
+        _WITH_EXTRA,
+        "with_extra",
         lambda: ([r(3, 4), False], {}),
     ),
     Case(
