@@ -204,21 +204,29 @@ def check_outputs(
         if not value.holds_tensor:
             continue
         shown = code(node)
-        column = text.find(shown) + 1 or len(text) - len(text.lstrip()) + 1
         found.append(
-            Diagnostic(
+            _located(
                 "S2S124",
                 f"cannot tell whether the output `{shown}` is a tensor or a list of "
                 "tensors",
                 path,
                 line,
-                column,
                 text,
+                shown,
                 "bind it to a name with an annotation first "
                 "(`out: torch.Tensor = ...` or `outs: list[torch.Tensor] = ...`)",
             )
         )
     return found
+
+
+def _located(
+    code_: str, message: str, path: str, line: int, text: str, shown: str, hint: str
+) -> Diagnostic:
+    """A diagnostic that points at `shown` on source line `line` (`text`), or at the
+    line's first character where `shown` is not spelled there as printed."""
+    column = text.find(shown) + 1 or len(text) - len(text.lstrip()) + 1
+    return Diagnostic(code_, message, path, line, column, text, hint)
 
 
 #: Builtins whose argument is iterated: a parameter passed to one is a sequence.
@@ -247,9 +255,8 @@ def check_parameters(diff: Differentiator, path: str, source: str) -> list[Diagn
         statement, shown = finder.use
         line = diff.statement_lines.get(statement, diff.first_line)
         text = line_text(lines, line)
-        column = text.find(shown) + 1 or len(text) - len(text.lstrip()) + 1
         found.append(
-            Diagnostic(
+            _located(
                 "S2S125",
                 f"`{param.name}` is used as a sequence (`{shown}`) but is not "
                 "annotated: s2sgrad takes an unannotated parameter that gets a "
@@ -257,8 +264,8 @@ def check_parameters(diff: Differentiator, path: str, source: str) -> list[Diagn
                 "get no gradient",
                 path,
                 line,
-                column,
                 text,
+                shown,
                 f"annotate it: `{param.name}: list[torch.Tensor]` (or "
                 f"`{param.name}: torch.Tensor` if it is a tensor)",
             )
@@ -298,17 +305,16 @@ def check_autograd_state(
             line = diff.statement_lines.get(statement, diff.first_line)
             text = line_text(lines, line)
             shown = code(node)
-            column = text.find(shown) + 1 or len(text) - len(text.lstrip()) + 1
             found.append(
-                Diagnostic(
+                _located(
                     "S2S126",
                     f"forward reads autograd's state (`{shown}`), which the generated "
                     "forward does not share: it runs with grad mode off and its values "
                     "carry no history",
                     path,
                     line,
-                    column,
                     text,
+                    shown,
                     "read `.requires_grad` of the parameters it depends on instead "
                     "(`x.requires_grad`): the generated forward sees those as the "
                     "closure does",
