@@ -273,11 +273,8 @@ def check_parameters(diff: Differentiator, path: str, source: str) -> list[Diagn
     return found
 
 
-#: What forward may not ask autograd: the generated forward runs inside
-#: `Function.forward`, where grad mode is off and its own values carry no history.
-_GRAD_MODE_CALLS = frozenset(
-    {"torch.is_grad_enabled", "torch.is_inference_mode_enabled"}
-)
+#: Tensor attributes that tell a value's autograd history: inside `Function.forward`
+#: (grad mode off) what forward computes has none.
 _HISTORY_ATTRIBUTES = frozenset({"requires_grad", "grad_fn", "is_leaf"})
 
 
@@ -327,7 +324,9 @@ def _reads_autograd_state(
     node: cst.CSTNode, params: set[str], qualified: Mapping[cst.CSTNode, str]
 ) -> bool:
     if isinstance(node, cst.Call):
-        return dotted(node.func) and qualified.get(node.func) in _GRAD_MODE_CALLS
+        return (
+            dotted(node.func) and qualified.get(node.func) in opfacts.GRAD_MODE_QUERIES
+        )
     assert isinstance(node, cst.Attribute)
     if node.attr.value not in _HISTORY_ATTRIBUTES:
         return False

@@ -61,6 +61,12 @@ OPERATORS = {
 }
 
 
+#: torch functions that report autograd's mode (not operators: no schema has them).
+GRAD_MODE_QUERIES = frozenset(
+    {"torch.is_grad_enabled", "torch.is_inference_mode_enabled"}
+)
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
