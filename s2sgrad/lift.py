@@ -431,7 +431,9 @@ def result_names(
 
     Where the closure ends in `return grad_x, grad_w` with its own locals, those are the
     names (so its code reads unchanged); otherwise `grad_<parameter>`, made unique, or
-    the literal `None` for a parameter that never gets a gradient.
+    the literal `None` for a parameter that never gets a gradient. An incoming gradient
+    that the closure rebinds (`grad = grad * 2; return grad`) is not a result variable:
+    the result variables start at None before the closure runs.
     """
     body = diff.backward.body if body is None else body
     statements = list(body.body) if isinstance(body, cst.IndentedBlock) else []
@@ -445,7 +447,11 @@ def result_names(
         if len(items) == len(chosen):
             for i, item in enumerate(items):
                 name = item.value.value if isinstance(item.value, cst.Name) else None
-                if name in assigned and name not in chosen:
+                if (
+                    name in assigned
+                    and name not in chosen
+                    and name not in diff.grad_params
+                ):
                     chosen[i] = name
     return tuple(
         c or (names.fresh(f"grad_{p.name}") if p.gets_gradient else "None")

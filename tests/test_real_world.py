@@ -766,6 +766,67 @@ CASES = [
         "leaky_linear",
         lambda: ([r(3, 4), r(4, 5)], {}),
     ),
+    Case(
+        "backward_rebinds_its_gradient_with_a_promoted_temporary",
+        """
+        import torch
+
+        def doubled_tanh(x: torch.Tensor):
+            t = torch.tanh(x)
+            def backward(grad):
+                grad = grad * 2.0 * (1 - t * t)
+                return grad
+            return t * 2.0, backward
+        """,
+        "doubled_tanh",
+        lambda: ([r(2, 3)], {}),
+    ),
+    Case(
+        "backward_reads_its_gradient_then_rebinds_it",
+        """
+        import torch
+
+        def exp_plus(x: torch.Tensor, y: torch.Tensor):
+            t = torch.exp(x)
+            def backward(grad):
+                gy = grad
+                grad = grad * t
+                return grad, gy
+            return t + y, backward
+        """,
+        "exp_plus",
+        lambda: ([r(2, 3), r(2, 3)], {}),
+    ),
+    Case(
+        "backward_rebinds_its_gradient_once_used",
+        """
+        import torch
+
+        def mul(self: torch.Tensor, other: torch.Tensor):
+            def backward(grad_output):
+                grad_self = grad_output * other
+                grad_other = grad_output * self
+                grad_output = None
+                return grad_self, grad_other
+            return self * other, backward
+        """,
+        "mul",
+        lambda: ([r(2, 3), r(2, 3)], {}),
+    ),
+    Case(
+        "backward_returns_its_rebound_gradient_twice",
+        """
+        import torch
+
+        def scaled_sum(x: torch.Tensor, y: torch.Tensor):
+            def backward(grad):
+                grad = grad * 2.0
+                return grad, grad * 0.5
+            return 2.0 * x + y * 0.5, backward
+        """,
+        "scaled_sum",
+        lambda: ([r(2, 3), r(2, 3)], {}),
+    ),
 ]
 
 

@@ -336,3 +336,24 @@ def test_slices_are_conditional_expressions_where_they_fit():
         """
     )
     assert sliced.assigned == {"grad_a"}
+
+
+def test_slicing_keeps_a_read_before_the_rebinding_it_precedes():
+    """`gy = grad` then `grad = grad * t`: slicing per gradient would run x's slice
+    first and hand y the rebound gradient; such a closure stays as written."""
+    closure = _body(
+        """\
+        gy = grad
+        grad = grad * t
+        return grad, gy
+        """
+    )
+    assert slice_closure(closure, ["grad_x", "gy"], ["need_x", "need_y"]) is None
+    independent = _body(
+        """\
+        gy = grad
+        gx = grad * t
+        return gx, gy
+        """
+    )
+    assert slice_closure(independent, ["gx", "gy"], ["need_x", "need_y"]) is not None

@@ -2,8 +2,9 @@
 
 Takes the closure's statements, the variables that hold each parameter's gradient and
 the flag that says whether each is asked for; returns statements where the work only
-one gradient needs runs only when autograd asked for that gradient, or None when the closure is not separable (control flow, rebinding,
-a return that is not a tuple of one entry per parameter). Invariant: with every flag set
+one gradient needs runs only when autograd asked for that gradient, or None when the
+closure is not separable (control flow, a name bound twice or after a statement that
+reads it, a return that is not a tuple of one entry per parameter). Invariant: with every flag set
 (or `needs_input_grad=None`, the default for direct callers) the sliced code computes
 exactly what the closure computes.
 """
@@ -58,6 +59,11 @@ def slice_closure(
         return None
     if sum(len(b) for b in binds) != len(set().union(*binds)):
         return None  # a name bound twice: slices would not be independent
+    read_before: set[str] = set()
+    for statement, bound in zip(body, binds, strict=True):
+        if bound & read_before:
+            return None  # rebinds what an earlier statement read: order matters
+        read_before |= names_read(statement)
     live = [i for i, e in enumerate(entries) if not m.matches(e, m.Name("None"))]
     if len(live) < 2:
         return None
