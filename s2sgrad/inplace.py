@@ -20,6 +20,7 @@ Invariant: the returned statements compute the same values as the source's.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -43,12 +44,18 @@ def out_of_place(
     `values` are forward's values at its end (`forward_values(diff, facts).env`).
     Returns `diff` itself when nothing is rewritten.
     """
-    if not diff.writes:
+    augmented = _augmented(diff, values)
+    if not diff.writes and not augmented:
         return diff
     rewrites: dict[cst.CSTNode, InPlace] = {}
     problems: list[Diagnostic] = []
     lines = split_lines(source)
     aliases = aliasing_names(diff)
+    for line, node in augmented:
+        assert isinstance(node.target, cst.Name)
+        why = _shared(diff, node.target.value)
+        if why is not None:
+            problems.append(_reject_augmented(node, line, why, path, lines))
     for write in diff.writes:
         value = values.get(write.name)
         if value is None or TENSOR not in value.kinds or not value.diff:
@@ -112,12 +119,82 @@ def _why_not(
         return "it has no out-of-place twin"
     if not _whole_statement(diff, call):
         return "it is used inside a larger expression"
+    receiver = _receiver(write, call)
+    if not m.matches(receiver, m.Name(write.name)):
+        part = cst.Module([]).code_for_node(receiver)
+        return f"it writes into `{part}`, a part or view of it"
     if write.name in aliases:
         return "it may be an input's own tensor, which the caller would see change"
-    alias = _alias_of(diff, write.name)
+    return _shared(diff, write.name)
+
+
+def _receiver(write: InPlace, call: cst.Call) -> cst.BaseExpression:
+    """The tensor a write changes as the call spells it: `t[0]` in `t[0].mul_(2)`."""
+    if write.kind == "method" and isinstance(call.func, cst.Attribute):
+        return call.func.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[0].value if positional else cst.Name(write.name)
+
+
+def _shared(diff: Differentiator, name: str) -> str | None:
+    """Why a write to `name`'s tensor would not be seen by another name that holds it
+    (or of whose tensor it is a view), or None when no other name may."""
+    alias = _alias_of(diff, name)
     if alias is not None:
         return f"`{alias}` may share its memory, and would not see the change"
+    root = _view_root(diff, name)
+    if root is not None:
+        return f"it may be a view of `{root}`, which would not see the change"
     return None
+
+
+def _augmented(
+    diff: Differentiator, values: Mapping[str, Value]
+) -> list[tuple[int, cst.AugAssign]]:
+    """Forward's `name op= value` statements (with their lines) on a value that may
+    be a tensor: these change the tensor in place, where s2sgrad reads them as a new
+    binding."""
+    found = []
+    for statement in diff.statements:
+        for line in m.findall(statement, m.SimpleStatementLine()):
+            for node in line.body if isinstance(line, cst.SimpleStatementLine) else ():
+                if not m.matches(node, m.AugAssign(target=m.Name())):
+                    continue
+                assert isinstance(node, cst.AugAssign)
+                assert isinstance(node.target, cst.Name)
+                value = values.get(node.target.value)
+                if value is None or TENSOR in value.kinds:
+                    found.append((diff.statement_lines.get(line, 0), node))
+    return found
+
+
+def _view_root(diff: Differentiator, name: str) -> str | None:
+    """Another name of whose tensor `name` may be a view (or the object itself)."""
+    for statement in diff.statements:
+        for assign in m.findall(statement, m.Assign() | m.AnnAssign()):
+            assert isinstance(assign, (cst.Assign, cst.AnnAssign))
+            targets = (
+                [t.target for t in assign.targets]
+                if isinstance(assign, cst.Assign)
+                else [assign.target]
+            )
+            if assign.value is None or not any(
+                m.matches(t, m.Name(name)) for t in targets
+            ):
+                continue
+            for other in _names_viewed(diff, assign.value):
+                if other != name:
+                    return other
+    return None
+
+
+def _names_viewed(diff: Differentiator, value: cst.BaseExpression) -> list[str]:
+    """The names whose tensors `value` may be or share memory with."""
+    return [
+        n.value
+        for n in m.findall(value, m.Name())
+        if isinstance(n, cst.Name) and _may_view(diff, value, n.value)
+    ]
 
 
 def _twin(
@@ -161,8 +238,17 @@ def _whole_statement(diff: Differentiator, node: cst.CSTNode) -> bool:
 
 
 def _alias_of(diff: Differentiator, name: str) -> str | None:
-    """A name forward binds to `name`'s object or a view of it, if any."""
+    """A name forward binds to `name`'s object or a view of it, or to a container
+    holding one (`pair = (t, b)`, `kept.append(t)`), if any."""
     for statement in diff.statements:
+        for call in m.findall(statement, m.Call(func=m.Attribute(value=m.Name()))):
+            assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+            if call.func.attr.value in _CONTAINER_FILLERS and any(
+                _may_view(diff, a.value, name) for a in call.args
+            ):
+                holder = call.func.value
+                assert isinstance(holder, cst.Name)
+                return holder.value
         for assign in m.findall(statement, m.Assign() | m.AnnAssign()):
             assert isinstance(assign, (cst.Assign, cst.AnnAssign))
             value = assign.value
@@ -187,6 +273,13 @@ def _may_view(diff: Differentiator, value: cst.BaseExpression, name: str) -> boo
         return _may_view(diff, value.value, name)
     if isinstance(value, cst.IfExp):
         return _may_view(diff, value.body, name) or _may_view(diff, value.orelse, name)
+    if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
+        return any(_may_view(diff, e.value, name) for e in value.elements)
+    if isinstance(value, cst.Dict):
+        return any(
+            isinstance(e, cst.DictElement) and _may_view(diff, e.value, name)
+            for e in value.elements
+        )
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
         func = value.func
         qualified = diff.qualified_names.get(func) if dotted(func) else None
@@ -259,6 +352,33 @@ class _Rewrite(cst.CSTTransformer):
                     args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT),
                 ]
         return call.with_changes(func=twin, args=args)
+
+
+#: List methods that put a value into the list.
+_CONTAINER_FILLERS = frozenset({"append", "extend", "insert"})
+
+
+def _reject_augmented(
+    node: cst.AugAssign, line: int, why: str, path: str, lines: list[str]
+) -> Diagnostic:
+    target = node.target
+    assert isinstance(target, cst.Name)
+    op = cst.Module([]).code_for_node(node.operator).strip()
+    text = line_text(lines, line)
+    found = re.search(rf"\b{re.escape(target.value)}\s*{re.escape(op)}", text)
+    column = found.start() + 1 if found else 1
+    return Diagnostic(
+        "S2S123",
+        f"`{target.value} {op} ...` changes the tensor `{target.value}` in place "
+        f"(Python's augmented assignment on a tensor), and s2sgrad reads it as a new "
+        f"binding: {why}",
+        path,
+        line,
+        column,
+        line_text(lines, line),
+        f"write `{target.value} = {target.value} {op[:-1]} ...`, which makes a new "
+        "tensor and leaves the one other names hold unchanged",
+    )
 
 
 def _reject(write: InPlace, why: str, path: str, lines: list[str]) -> Diagnostic:

@@ -28,6 +28,7 @@ from libcst.metadata import (
     Scope,
 )
 
+from s2sgrad import opfacts
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.locate import Locator
 from s2sgrad.frontend.model import (
@@ -602,11 +603,36 @@ class _MutationFinder(cst.CSTVisitor):
 
 
 def _base_name(target: cst.BaseExpression) -> str | None:
-    """Return `t` for `t`, `t[0]`, `t.data`, `t.data[0]`; None for other targets."""
+    """Return `t` for `t`, `t[0]`, `t.data`, `t.data[0]`, and for a view of it
+    (`t.diagonal()`, `t.view(-1)[0]`, `torch.narrow(t, 0, 0, 1)`): the variable whose
+    memory a write through the target changes. None for other targets."""
     base = target
-    while isinstance(base, (cst.Subscript, cst.Attribute)):
-        base = base.value
+    while True:
+        if isinstance(base, (cst.Subscript, cst.Attribute)):
+            base = base.value
+        elif isinstance(base, cst.Call) and (inner := _viewed(base)) is not None:
+            base = inner
+        else:
+            break
     return base.value if isinstance(base, cst.Name) else None
+
+
+def _viewed(call: cst.Call) -> cst.BaseExpression | None:
+    """The tensor whose memory `call`'s result may share: the receiver of a view
+    method (`t.diagonal()`), the first argument of a torch view function
+    (`torch.narrow(t, ...)`); None for a call that makes a new value."""
+    func = call.func
+    if not isinstance(func, cst.Attribute):
+        return None
+    code = _code(func)
+    if code.startswith("torch.") and code.count(".") == 1:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        shares = opfacts.is_view(code) or opfacts.returns_input(code)
+        return positional[0].value if shares and positional else None
+    method = f"torch.Tensor.{func.attr.value}"
+    if opfacts.is_view(method) or opfacts.returns_input(method):
+        return func.value
+    return None
 
 
 def _code(node: cst.CSTNode) -> str:
