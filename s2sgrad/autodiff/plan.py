@@ -28,11 +28,10 @@ from s2sgrad.autodiff.vjp import (
     Generator,
     NoRule,
     Sibling,
-    callee_name,
     placeholder_version,
     slice_of,
 )
-from s2sgrad.cst import as_expression, as_statement, bound, code, spelled
+from s2sgrad.cst import as_expression, as_statement, bound, code, dotted, spelled
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import (
     METADATA_ATTRIBUTES,
@@ -618,8 +617,8 @@ class Planner:
         for statement in lines:
             for call in m.findall(statement, m.Call()):
                 assert isinstance(call, cst.Call)
-                name = callee_name(self.diff, call)
-                if name is None or not opfacts.is_random(name):
+                name = self._random_call(call, self.diff.qualified_names)
+                if name is None:
                     continue
                 line = self.diff.statement_lines.get(statement, self.diff.first_line)
                 text = self.source[line - 1] if 0 < line <= len(self.source) else ""
@@ -646,6 +645,32 @@ class Planner:
                         )
                     ]
                 )
+
+    def _random_call(
+        self,
+        call: cst.Call,
+        qualified: Mapping[cst.CSTNode, str],
+        depth: int = 0,
+    ) -> str | None:
+        """The random op `call` runs, itself or inside a helper of the module it
+        calls (`_noise(x)` whose body calls `torch.randn_like`); None if none."""
+        func = call.func
+        name = qualified.get(func) if dotted(func) else None
+        if name is None and isinstance(func, cst.Attribute):
+            name = f"torch.Tensor.{func.attr.value}"
+        if name is not None and name.startswith("torch.") and opfacts.is_random(name):
+            return name
+        helper = (
+            self.facts.helpers.get(func.value) if isinstance(func, cst.Name) else None
+        )
+        if helper is None or depth >= 4:
+            return None
+        for inner in m.findall(helper.node.body, m.Call()):
+            assert isinstance(inner, cst.Call)
+            found = self._random_call(inner, helper.qualified_names, depth + 1)
+            if found is not None:
+                return found
+        return None
 
 
 #: Metadata that two tensors of one shape class share (dtype and device may differ).
