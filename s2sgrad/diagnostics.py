@@ -42,6 +42,7 @@ CODES: dict[str, str] = {
     "S2S124": "an output of unknown kind",
     "S2S125": "an unannotated parameter that takes a gradient used as a sequence",
     "S2S126": "forward reads autograd's state",
+    "S2S127": "a differentiator with flat outputs called by another",
 }
 
 

@@ -163,6 +163,42 @@ def parse(source: str, path: str) -> ParsedModule:
         raise TransformError([too_deep(source, path)]) from None
 
 
+def _returns_flat(forward: cst.FunctionDef) -> bool:
+    """Whether a differentiator ends in the flat form, `return a, b, backward`."""
+    ret = checks.final_return(forward)
+    return (
+        ret is not None
+        and isinstance(ret.value, cst.Tuple)
+        and len(ret.value.elements) > 2
+    )
+
+
+def _calls_of_flat(
+    forward: cst.FunctionDef, flat: frozenset[str], loc: Locator
+) -> list[Diagnostic]:
+    """Diagnose calls of a differentiator that returns its outputs flat: composition
+    reads a call's result as `(result, backward)`."""
+    if not flat:
+        return []
+    calls = m.findall(forward, m.Call(func=m.Name(m.MatchIfTrue(lambda n: n in flat))))
+    found = []
+    for call in calls[:1]:
+        assert isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
+        name = call.func.value
+        found.append(
+            loc.error(
+                "S2S127",
+                call,
+                f"`{name}` returns its outputs flat (`return a, b, backward`), and "
+                f"`{forward.name.value}` calls it: a differentiator that others call "
+                "returns `(result, backward)`",
+                f"end `{name}` with `return (a, b), backward` (the same op, with the "
+                f"same backward), then write `(a, b), _ = {name}(...)` here",
+            )
+        )
+    return found
+
+
 def _from_recursion(exc: BaseException | None) -> bool:
     seen = 0
     while exc is not None and seen < 20:
@@ -230,9 +266,11 @@ def _parse_module(
     global_scope = next(s for s in scopes.values() if isinstance(s, GlobalScope))
     records: list[Differentiator] = []
     names = frozenset(stmt.name.value for stmt, _ in pending)
+    flat = frozenset(stmt.name.value for stmt, _ in pending if _returns_flat(stmt))
     for stmt, bname in pending:
         own = names - {stmt.name.value}
-        found += checks.check_sibling_closures(stmt, bname, own, loc)
+        found += _calls_of_flat(stmt, flat & own, loc)
+        found += checks.check_sibling_closures(stmt, bname, own - flat, loc)
         record, problems = _build(stmt, bname, analysis, loc, qualified)
         found += problems
         if record is not None:
