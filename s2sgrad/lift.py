@@ -46,8 +46,8 @@ def storage_of(value: Value) -> Storage:
     """How a value of this kind is kept for backward."""
     if value.tensor is True:
         return "tensor"
-    if value.tensor_list:
-        return "tensors"
+    if value.tensor_list and not value.fields:
+        return "tensors"  # a named tuple (`x.max(dim)`) is rebuilt as its own type
     if not value.holds_tensor:
         return "object"
     return "unknown"

@@ -767,6 +767,21 @@ CASES = [
         lambda: ([r(3, 4), r(4, 5)], {}),
     ),
     Case(
+        "parameters_named_like_the_names_the_op_uses",
+        """
+        import torch
+
+        def maybe_cast(x: torch.Tensor, cast: bool, Tensor: float = 2.0):
+            t = torch.tanh(x)
+            y = (t.clone() if cast else t) * Tensor
+            def backward(g):
+                return g * Tensor * (1 - t * t), None, None
+            return y, backward
+        """,
+        "maybe_cast",
+        lambda: ([r(2, 3), True], {}),
+    ),
+    Case(
         "backward_rebinds_its_gradient_with_a_promoted_temporary",
         """
         import torch
@@ -821,7 +836,7 @@ CASES = [
         def scaled_sum(x: torch.Tensor, y: torch.Tensor):
             def backward(grad):
                 grad = grad * 2.0
-                return grad, grad * 0.5
+                return grad, grad * 0.25
             return 2.0 * x + y * 0.5, backward
         """,
         "scaled_sum",
@@ -961,3 +976,31 @@ def test_line_numbers_stay_right_after_form_feeds() -> None:
         assert lines[int(number) - 1].strip() == statement
     assert re.search(r"# line 6: u = torch\.sin\(t\)", text)
     assert "Forward of `scaled` (ff.py:4-9)" in text
+
+
+@pytest.mark.parametrize("policy", ["first-order", "recompute", "promote"])
+def test_a_captured_named_tuple_keeps_its_fields_under_every_policy(policy) -> None:
+    """`res = x.median(dim=0)` captured whole: saved tensor by tensor, rebuilt as the
+    named tuple it was (`res.indices` in backward), not as a list."""
+    source = textwrap.dedent(
+        """\
+        import torch
+
+        def median_rows(x: torch.Tensor):
+            res = x.median(dim=0)
+            def backward(g):
+                grad = torch.zeros_like(x)
+                return grad.scatter(0, res.indices.unsqueeze(0), g.unsqueeze(0))
+            return res.values, backward
+        """
+    )
+    module: dict[str, Any] = {}
+    exec(compile(source, "median_rows.py", "exec"), module)
+    text = transform(source, "median_rows.py", policy=policy)
+    generated: dict[str, Any] = {"__name__": "median_rows_grad"}
+    exec(compile(text, "median_rows_grad.py", "exec"), generated)
+    x = r(3, 4)
+    g = torch.randn(4, dtype=F64)
+    (expected,) = torch.autograd.grad(module["median_rows"](x)[0], x, g)
+    (found,) = torch.autograd.grad(generated["median_rows"](x), x, g)
+    torch.testing.assert_close(found, expected)

@@ -20,6 +20,7 @@ Takes a `Differentiated` record; returns the source of `FFunction` (new-style `f
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -65,7 +66,7 @@ def _save(ctx, *values):
         if isinstance(value, torch.Tensor):
             tensors.append(value)
             ctx.kept.append(None)
-        elif type(value) in (list, tuple) and all(
+        elif isinstance(value, (list, tuple)) and all(
             isinstance(v, torch.Tensor) for v in value
         ):
             tensors += value
@@ -84,8 +85,9 @@ def _saved(ctx):
             values.append(next(tensors))
         elif kept[0] is None:
             values.append(kept[1])
-        else:
-            values.append(kept[0](next(tensors) for _ in range(kept[1])))
+        else:  # a list, a tuple, or a named tuple (`x.max(dim)`)
+            make = getattr(kept[0], "_make", kept[0])
+            values.append(make([next(tensors) for _ in range(kept[1])]))
     return tuple(values)
 '''
 
@@ -685,10 +687,20 @@ class FunctionWriter:
         result = self.result_type()
         if not self.listed_outputs:
             if len(returned) == n_outputs:
-                return [f"return cast({result}, {call})"]
-            if self.diff.tuple_result:
-                return [f"return cast({result}, {call}[:{n_outputs}])"]
-            return [f"return cast({result}, {call}[0])"]
+                value = call
+            elif self.diff.tuple_result:
+                value = f"{call}[:{n_outputs}]"
+            else:
+                value = f"{call}[0]"
+            params = {p.name for p in self.diff.params}
+            if not params & {"cast", types.TENSOR}:
+                return [f"return cast({result}, {value})"]
+            # A parameter named `cast` or `Tensor` hides the module's own: the result
+            # is typed by an annotation, spelled `torch.Tensor` where need be.
+            if types.TENSOR in params:
+                result = re.sub(rf"\b{types.TENSOR}\b", "torch.Tensor", result)
+            out = NameAllocator(set(self.record.taken) | params).fresh("result")
+            return [f"{out}: {result} = {value}", f"return {out}"]
         out = NameAllocator(
             set(self.record.taken) | {p.name for p in self.diff.params}
         ).fresh("out")
