@@ -476,6 +476,25 @@ def _check_gradient_count(
         listed = isinstance(value, cst.Tuple) or (
             n_params > 1 and isinstance(value, cst.List)
         )
+        starred = [
+            e
+            for e in getattr(value, "elements", ())
+            if isinstance(e, cst.StarredElement)
+        ]
+        if listed and starred:
+            shown = cst.Module([]).code_for_node(starred[0]).rstrip(", ")
+            found.append(
+                loc.error(
+                    "S2S108",
+                    ret,
+                    f"`{bname}` returns `{shown}` among its gradients: s2sgrad reads "
+                    f"one entry per parameter of `{name}` "
+                    f"({_plural(n_params, 'parameter')}) and cannot count an unpacked "
+                    "sequence",
+                    hint,
+                )
+            )
+            continue
         if (
             isinstance(value, (cst.Tuple, cst.List))
             and listed
