@@ -43,6 +43,7 @@ CODES: dict[str, str] = {
     "S2S125": "an unannotated parameter that takes a gradient used as a sequence",
     "S2S126": "forward reads autograd's state",
     "S2S127": "a differentiator with flat outputs called by another",
+    "S2S128": "backward reads an output that torch does not differentiate",
 }
 
 

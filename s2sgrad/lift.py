@@ -273,6 +273,111 @@ def check_parameters(diff: Differentiator, path: str, source: str) -> list[Diagn
     return found
 
 
+def check_detached(
+    diff: Differentiator, policy: str, path: str, source: str
+) -> list[Diagnostic]:
+    """Reject backward reading an output that torch returns without a gradient although
+    it holds floating-point values (S2S128), unless the function is first-order.
+
+    `out, mean, rstd = torch.native_layer_norm(x, ...)`: torch differentiates `out`
+    with its own formula, which knows how `mean` and `rstd` depend on `x`; backward
+    reading them sees constants, so its derivative (the op's second order) would miss
+    their dependence on `x`, silently.
+    """
+    if diff.pragmas.get("policy", policy) == "first-order":
+        return []
+    captured = {c.name for c in diff.captures}
+    lines = split_lines(source)
+    found = []
+    #: Names bound to a whole result with detached outputs: (op, those outputs).
+    results: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for statement in diff.statements:
+        for line_node in m.findall(statement, m.SimpleStatementLine()):
+            assert isinstance(line_node, cst.SimpleStatementLine)
+            for small in line_node.body:
+                hit = _detached_capture(small, diff, captured, results)
+                if hit is None or _only_to_backward_ops(diff.backward, hit[0]):
+                    continue
+                name, op = hit
+                line = diff.statement_lines.get(line_node, diff.first_line)
+                text = line_text(lines, line)
+                found.append(
+                    _located(
+                        "S2S128",
+                        f"backward reads `{name}`, an output that `{op}` returns "
+                        "without a gradient: s2sgrad does not know how it depends on "
+                        "the inputs, so the op's second-order gradients would miss "
+                        "that dependence",
+                        path,
+                        line,
+                        text,
+                        name,
+                        f"compute `{name}` with differentiable ops (`x.mean(-1, "
+                        "keepdim=True)`, `torch.rsqrt(...)`), or mark the function "
+                        "`# s2sgrad: policy=first-order`",
+                    )
+                )
+    return found
+
+
+def _only_to_backward_ops(backward: cst.FunctionDef, name: str) -> bool:
+    """Whether backward passes `name` only to torch's own backward operators
+    (`torch.ops.aten.native_layer_norm_backward(g, x, shape, mean, rstd, ...)`), whose
+    derivatives account for it."""
+    uses = [n for n in m.findall(backward.body, m.Name(name))]
+    passed = {
+        id(a.value)
+        for call in m.findall(backward.body, m.Call())
+        if isinstance(call, cst.Call) and code(call.func).endswith("_backward")
+        for a in call.args
+    }
+    return bool(uses) and all(id(n) in passed for n in uses)
+
+
+def _detached_capture(
+    small: cst.BaseSmallStatement,
+    diff: Differentiator,
+    captured: set[str],
+    results: dict[str, tuple[str, tuple[int, ...]]],
+) -> tuple[str, str] | None:
+    """(name, op) where `small` binds a captured name to a detached output of op:
+    `_, mean, rstd = op(...)`, `mean = op(...)[1]`, `res = op(...)` then `res[1]`.
+    Records in `results` the names that hold such a result whole."""
+    if not isinstance(small, cst.Assign):
+        return None
+    value, index = small.value, None
+    if isinstance(value, cst.Subscript) and len(value.slice) == 1:
+        part = value.slice[0].slice
+        if isinstance(part, cst.Index) and isinstance(part.value, cst.Integer):
+            index = int(part.value.value)
+        elif not isinstance(part, cst.Slice):
+            return None
+        value = value.value
+    if isinstance(value, cst.Name) and value.value in results:
+        op, outputs = results[value.value]
+    elif isinstance(value, cst.Call) and dotted(value.func):
+        name = diff.qualified_names.get(value.func)
+        if name is None or not (outputs := opfacts.detached_outputs(name)):
+            return None
+        op = name
+    else:
+        return None
+    for target in small.targets:
+        bound = target.target
+        if isinstance(bound, cst.Name):
+            if index is None:
+                results[bound.value] = (op, outputs)
+            if bound.value in captured and (index is None or index in outputs):
+                return bound.value, op
+        elif index is None and isinstance(bound, (cst.Tuple, cst.List)):
+            for i, element in enumerate(bound.elements):
+                item = element.value
+                if i in outputs and isinstance(item, cst.Name):
+                    if item.value in captured:
+                        return item.value, op
+    return None
+
+
 #: Tensor attributes that tell a value's autograd history: inside `Function.forward`
 #: (grad mode off) what forward computes has none.
 _HISTORY_ATTRIBUTES = frozenset({"requires_grad", "grad_fn", "is_leaf"})

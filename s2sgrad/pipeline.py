@@ -14,7 +14,13 @@ from s2sgrad.frontend import ParsedModule, parse
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.header import Origin
 from s2sgrad.inplace import out_of_place
-from s2sgrad.lift import check_autograd_state, check_outputs, check_parameters, lift
+from s2sgrad.lift import (
+    check_autograd_state,
+    check_detached,
+    check_outputs,
+    check_parameters,
+    lift,
+)
 from s2sgrad.options import Options
 from s2sgrad.values import Evaluator, ModuleFacts, forward_values
 
@@ -49,7 +55,7 @@ def analyse(
             ]
         )
     siblings, facts = module_facts(parsed)
-    judged = _judge_forward(parsed, facts, origin.display_path)
+    judged = _judge_forward(parsed, facts, origin.display_path, options.policy)
     records = [
         differentiate(
             lift(d, options, facts, evaluator),
@@ -78,7 +84,7 @@ def has_differentiators(source: str, path: str) -> bool:
 
 
 def _judge_forward(
-    parsed: ParsedModule, facts: ModuleFacts, path: str
+    parsed: ParsedModule, facts: ModuleFacts, path: str, policy: str
 ) -> list[tuple[Differentiator, Evaluator | None]]:
     """Check what forward's values are: parameters and outputs of a known kind,
     in-place writes that can be kept or rewritten (which are); report every problem of
@@ -91,6 +97,7 @@ def _judge_forward(
         unannotated = check_parameters(diff, path, parsed.source)
         found += unannotated or check_outputs(diff, evaluator, path, parsed.source)
         found += check_autograd_state(diff, path, parsed.source)
+        found += check_detached(diff, policy, path, parsed.source)
         try:
             rewritten = out_of_place(diff, evaluator.env, path, parsed.source)
         except TransformError as exc:

@@ -98,3 +98,15 @@ def test_overload_binding():
     assert not split.accepts(1, {"tensor"})  # bound twice
     assert not split.accepts(4, set())
     assert not split.accepts(2, {"no_such_keyword"})
+
+
+def test_detached_outputs_are_floating_statistics_not_indices():
+    """Outputs torch returns without a gradient that hold floats (found from torch's
+    derivative definitions, torchgen's single-`grad` rule included, and meta tensors)."""
+    from s2sgrad import opfacts
+
+    assert opfacts.detached_outputs("torch.native_layer_norm") == (1, 2)
+    assert opfacts.detached_outputs("torch.ops.aten.native_batch_norm") == (1, 2)
+    assert opfacts.detached_outputs("torch.max") == ()  # indices are integers
+    assert opfacts.detached_outputs("torch.sort") == ()
+    assert opfacts.detached_outputs("torch.layer_norm") == ()

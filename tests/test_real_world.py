@@ -20,14 +20,17 @@ import textwrap
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from s2sgrad import transform
+from s2sgrad.diagnostics import TransformError
 
 F64 = torch.float64
+ROOT_BAD = Path(__file__).resolve().parent / "bad_inputs"
 
 
 def r(*shape: int) -> torch.Tensor:
@@ -782,6 +785,23 @@ CASES = [
         lambda: ([r(2, 3), True], {}),
     ),
     Case(
+        "detached_statistics_passed_to_torchs_backward_op",
+        """
+        import torch
+
+        def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
+            shape = [x.shape[-1]]
+            out, mean, rstd = torch.native_layer_norm(x, shape, w, b, 1e-5)
+            def backward(g):
+                return torch.ops.aten.native_layer_norm_backward(
+                    g, x, shape, mean, rstd, w, b, [True, True, True]
+                )
+            return out, backward
+        """,
+        "layer_norm",
+        lambda: ([r(2, 3), r(3), r(3)], {}),
+    ),
+    Case(
         "backward_rebinds_its_gradient_with_a_promoted_temporary",
         """
         import torch
@@ -1003,4 +1023,22 @@ def test_a_captured_named_tuple_keeps_its_fields_under_every_policy(policy) -> N
     g = torch.randn(4, dtype=F64)
     (expected,) = torch.autograd.grad(module["median_rows"](x)[0], x, g)
     (found,) = torch.autograd.grad(generated["median_rows"](x), x, g)
+    torch.testing.assert_close(found, expected)
+
+
+def test_detached_statistics_are_accepted_for_a_first_order_op() -> None:
+    """S2S128 guards the second order; a first-order op may read them."""
+    source = (ROOT_BAD / "backward_reads_a_detached_statistic.py").read_text()
+    with pytest.raises(TransformError) as caught:
+        transform(source, "ln.py")
+    assert [d.code for d in caught.value.diagnostics] == ["S2S128"]
+    module: dict[str, Any] = {}
+    exec(compile(source, "ln.py", "exec"), module)
+    generated: dict[str, Any] = {"__name__": "ln_grad"}
+    text = transform(source, "ln.py", policy="first-order")
+    exec(compile(text, "ln_grad.py", "exec"), generated)
+    x = r(2, 3)
+    g = torch.randn(2, 3, dtype=F64)
+    (expected,) = torch.autograd.grad(module["layer_norm"](x)[0], x, g)
+    (found,) = torch.autograd.grad(generated["layer_norm"](x), x, g)
     torch.testing.assert_close(found, expected)

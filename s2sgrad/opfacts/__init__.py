@@ -181,6 +181,13 @@ def no_gradient(qualified: str) -> bool:
     return _base(qualified) in table.NOGRAD
 
 
+def detached_outputs(qualified: str) -> tuple[int, ...]:
+    """The outputs that torch returns without a gradient although they hold
+    floating-point values (`native_layer_norm`'s mean and rstd); empty for most ops."""
+    name = aten_name(qualified)
+    return table.DETACHED.get(name, ()) if name is not None else ()
+
+
 def is_view(qualified: str) -> bool:
     """Tell whether the result may share memory with an input."""
     return _base(qualified) in table.VIEW

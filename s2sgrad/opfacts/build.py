@@ -108,6 +108,9 @@ FRESH_PROBES: dict[str, Callable[[torch.Tensor], object]] = {
     "vsplit": lambda x: x.vsplit(1)[0],
 }
 
+#: Filled by `aten_table`: operator -> floating-point outputs without a gradient.
+DETACHED: dict[str, list[int]] = {}
+
 #: Names of schema returns that hold indices or counts: integer tensors, no gradient.
 _INDEX_RETURNS = re.compile(r"indices|counts|info|pivots")
 
@@ -199,17 +202,82 @@ def _no_gradient() -> tuple[set[str], dict[str, list[bool]]]:
     for entry in _derivatives():
         signature = str(entry["name"]).split("(")[0]
         flags = entry.get("output_differentiability")
-        if isinstance(flags, list) and all(isinstance(f, bool) for f in flags):
-            outputs[signature] = [not f for f in flags]
         formulas = {
             k: v
             for k, v in entry.items()
             if k not in ("name", "dispatch", "output_differentiability")
             and not k.startswith("result")
         }
+        returned = str(entry["name"]).rsplit("->", 1)[-1].strip()
+        count = returned.count(",") + 1 if returned.startswith("(") else 1
+        if isinstance(flags, list) and all(isinstance(f, bool) for f in flags):
+            outputs[signature] = [not f for f in flags]
+        elif count > 1 and any(_SINGLE_GRAD.search(str(v)) for v in formulas.values()):
+            # torchgen's rule: a formula that reads `grad`, not `grads[i]`, makes the
+            # first output alone differentiable (`native_layer_norm`'s mean and rstd).
+            outputs[signature] = [False] + [True] * (count - 1)
         if formulas and all(_zero_formula(v) for v in formulas.values()):
             outputs[signature] = [True]
     return names, outputs
+
+
+#: A derivative formula that reads the single incoming gradient (torchgen's test).
+_SINGLE_GRAD = re.compile(r"(^|\W)grad($|\W)")
+
+#: Example values for a schema argument, on the meta device: enough to call most
+#: operators and read their outputs' dtypes without computing anything.
+_META_ARGS: dict[str, Any] = {
+    "T": lambda: torch.empty(2, 3, 4, dtype=torch.float64, device="meta"),
+    "i[]": lambda: [4],
+    "i": lambda: 1,
+    "f": lambda: 0.5,
+    "b": lambda: True,
+    "n": lambda: 1.0,
+}
+
+
+def _floating_detached(
+    schema: Any, nograd: list[bool] | None
+) -> tuple[int, ...] | None:
+    """The outputs torch returns without a gradient that hold floating-point values for
+    floating-point inputs (statistics such as `native_layer_norm`'s mean and rstd, not
+    indices), found by calling the operator on meta tensors; None when none are or the
+    call cannot be made."""
+    if not nograd or not any(nograd[1:]) or len(schema.returns) < 2:
+        return None
+    args: list[Any] = []
+    for arg in schema.arguments:
+        if arg.kwarg_only and arg.default_value is not None:
+            break
+        kind = type_code(str(arg.type))
+        if kind.endswith("?"):
+            args.append(None)
+        elif kind in _META_ARGS:
+            args.append(_META_ARGS[kind]())
+        else:
+            return None
+    op = getattr(getattr(torch.ops.aten, schema.name[len("aten::") :]), "default", None)
+    if schema.overload_name:
+        name = schema.name[len("aten::") :]
+        op = getattr(getattr(torch.ops.aten, name), schema.overload_name, None)
+    if op is None:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            found = op(*args)
+    except Exception:
+        return None
+    if not isinstance(found, (tuple, list)):
+        return None
+    floating = tuple(
+        i
+        for i, (out, flag) in enumerate(zip(found, nograd, strict=False))
+        if flag
+        and isinstance(out, torch.Tensor)
+        and (out.is_floating_point() or out.is_complex())
+    )
+    return floating or None
 
 
 def _tags(name: str, overload: str) -> set[str]:
@@ -238,6 +306,9 @@ def aten_table() -> tuple[dict[str, list[str]], dict[str, set[str]]]:
         text += _schema_returns(schema, nograd)
         overloads.setdefault(name, []).append(text)
         mine = flags.setdefault(name, set())
+        floating = _floating_detached(schema, nograd)
+        if floating is not None:
+            DETACHED[name] = sorted(set(DETACHED.get(name, [])) | set(floating))
         if name in nograd_names:
             mine.add("nograd")
         if "nondeterministic_seeded" in tags:
@@ -558,6 +629,14 @@ def render() -> str:
     out.append("TENSOR_METHODS: frozenset[str] = frozenset({")
     out.append(_lines(repr(n) + "," for n in methods).rstrip("\n"))
     out.append("})")
+    out.append("")
+    out.append(
+        "#: Operator -> its outputs that torch returns without a gradient although"
+    )
+    out.append("#: they hold floating-point values (statistics, not indices).")
+    out.append("DETACHED: dict[str, tuple[int, ...]] = {")
+    out += [f"    {k!r}: {tuple(DETACHED[k])!r}," for k in sorted(DETACHED)]
+    out.append("}")
     twins = _out_of_place(flags, aten)
     out.append("")
     out.append("#: In-place operator -> its out-of-place twin.")
