@@ -51,9 +51,9 @@ def out_of_place(
     problems: list[Diagnostic] = []
     lines = split_lines(source)
     aliases = aliasing_names(diff)
+    sharing = _Sharing(diff)
     for line, node in augmented:
-        assert isinstance(node.target, cst.Name)
-        why = _shared(diff, node.target.value)
+        why = sharing.at.get(id(node))
         if why is not None:
             problems.append(_reject_augmented(node, line, why, path, lines))
     for write in diff.writes:
@@ -61,7 +61,7 @@ def out_of_place(
         if value is None or TENSOR not in value.kinds or not value.diff:
             continue  # carries no gradient: forward builds it, backward reads it
         call = _call_of(diff, write)
-        why = _why_not(diff, write, call, aliases)
+        why = _why_not(diff, write, call, aliases, sharing.at.get(id(write.node)))
         if why is None:
             assert call is not None
             rewrites[call] = write
@@ -109,6 +109,7 @@ def _why_not(
     write: InPlace,
     call: cst.Call | None,
     aliases: frozenset[str],
+    shared: str | None,
 ) -> str | None:
     """Why a write cannot be rewritten out of place, or None when it can."""
     if write.kind == "store":
@@ -125,7 +126,7 @@ def _why_not(
         return f"it writes into `{part}`, a part or view of it"
     if write.name in aliases:
         return "it may be an input's own tensor, which the caller would see change"
-    return _shared(diff, write.name)
+    return shared
 
 
 def _receiver(write: InPlace, call: cst.Call) -> cst.BaseExpression:
@@ -136,16 +137,119 @@ def _receiver(write: InPlace, call: cst.Call) -> cst.BaseExpression:
     return positional[0].value if positional else cst.Name(write.name)
 
 
-def _shared(diff: Differentiator, name: str) -> str | None:
-    """Why a write to `name`'s tensor would not be seen by another name that holds it
-    (or of whose tensor it is a view), or None when no other name may."""
-    alias = _alias_of(diff, name)
-    if alias is not None:
-        return f"`{alias}` may share its memory, and would not see the change"
-    root = _view_root(diff, name)
-    if root is not None:
-        return f"it may be a view of `{root}`, which would not see the change"
-    return None
+class _Sharing:
+    """Which names may share a tensor's memory with another name, at each in-place
+    write of forward (an augmented assignment or an in-place call), in statement order.
+
+    `h = x` then `h = h @ w` then `h += b`: at the write `h` is fresh, nothing else
+    sees it. A name is shared from a binding that makes it another name's tensor or a
+    view of it (`v = t.view(-1)`, `pre = h`, `r` in `for r in t.unbind(0)`), or that puts
+    it into a container (`saved = [h]`, `kept.append(h)`), until a binding of a fresh
+    value in straight-line code clears it. Inside a branch or a loop a binding only adds
+    sharing (a loop body is read twice, for what its end hands its start).
+    """
+
+    def __init__(self, diff: Differentiator) -> None:
+        self.diff = diff
+        #: id of a write node -> why the name it writes is shared.
+        self.at: dict[int, str] = {}
+        self._reasons: dict[str, str] = {}
+        self._writes = {id(w.node): w.name for w in diff.writes}
+        self._block(diff.statements, inside=False)
+
+    def _block(self, statements: Sequence[cst.BaseStatement], inside: bool) -> None:
+        for statement in statements:
+            self._statement(statement, inside)
+
+    def _statement(self, statement: cst.BaseStatement, inside: bool) -> None:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                self._record_writes(small)
+                self._bind(small, inside)
+            return
+        if isinstance(statement, cst.FunctionDef):
+            return
+        if isinstance(statement, cst.For):
+            self._share(_target_names(statement.target), statement.iter, inside=True)
+        loop = isinstance(statement, (cst.For, cst.While))
+        for _ in range(2 if loop else 1):
+            for block in _blocks(statement):
+                self._block(block, inside=True)
+
+    def _record_writes(self, small: cst.BaseSmallStatement) -> None:
+        if isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name):
+            reason = self._reasons.get(small.target.value)
+            if reason is not None:
+                self.at[id(small)] = reason
+        for node in m.findall(small, m.Call() | m.Arg()):
+            name = self._writes.get(id(node))
+            if name is not None and name in self._reasons:
+                self.at[id(node)] = self._reasons[name]
+
+    def _bind(self, small: cst.BaseSmallStatement, inside: bool) -> None:
+        if isinstance(small, cst.Assign):
+            for target in small.targets:
+                self._share(_target_names(target.target), small.value, inside)
+        elif isinstance(small, cst.AnnAssign) and small.value is not None:
+            self._share(_target_names(small.target), small.value, inside)
+        elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            call = small.value
+            func = call.func
+            if (
+                isinstance(func, cst.Attribute)
+                and isinstance(func.value, cst.Name)
+                and func.attr.value in _CONTAINER_FILLERS
+            ):
+                for arg in call.args:
+                    for held in _names_viewed(self.diff, arg.value):
+                        self._reasons[held] = (
+                            f"`{func.value.value}` may hold it, and would not see the "
+                            "change"
+                        )
+
+    def _share(
+        self, targets: list[str], value: cst.BaseExpression, inside: bool
+    ) -> None:
+        viewed = _names_viewed(self.diff, value)
+        for target in targets:
+            others = [v for v in viewed if v != target]
+            if others:
+                self._reasons[target] = (
+                    f"it may be `{others[0]}`'s tensor or a view of it, which would "
+                    "not see the change"
+                )
+                for other in others:
+                    self._reasons[other] = (
+                        f"`{target}` may share its memory, and would not see the change"
+                    )
+            elif target not in viewed and not inside:
+                self._reasons.pop(target, None)  # a fresh value
+
+
+def _target_names(target: cst.BaseExpression) -> list[str]:
+    """The names a binding target binds (`a`, `a, (b, c)`; not items or attributes)."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _target_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []
+
+
+def _blocks(node: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
+    """The statement lists inside a compound statement (bodies, `elif`, `else`,
+    handlers, `finally`)."""
+    found: list[Sequence[cst.BaseStatement]] = []
+    for child in node.children:
+        if isinstance(child, cst.IndentedBlock):
+            found.append(child.body)
+        elif isinstance(
+            child,
+            (cst.Else, cst.Finally, cst.ExceptHandler, cst.ExceptStarHandler, cst.If),
+        ):
+            found += _blocks(child)
+    return found
 
 
 def _augmented(
@@ -166,26 +270,6 @@ def _augmented(
                 if value is None or TENSOR in value.kinds:
                     found.append((diff.statement_lines.get(line, 0), node))
     return found
-
-
-def _view_root(diff: Differentiator, name: str) -> str | None:
-    """Another name of whose tensor `name` may be a view (or the object itself)."""
-    for statement in diff.statements:
-        for assign in m.findall(statement, m.Assign() | m.AnnAssign()):
-            assert isinstance(assign, (cst.Assign, cst.AnnAssign))
-            targets = (
-                [t.target for t in assign.targets]
-                if isinstance(assign, cst.Assign)
-                else [assign.target]
-            )
-            if assign.value is None or not any(
-                m.matches(t, m.Name(name)) for t in targets
-            ):
-                continue
-            for other in _names_viewed(diff, assign.value):
-                if other != name:
-                    return other
-    return None
 
 
 def _names_viewed(diff: Differentiator, value: cst.BaseExpression) -> list[str]:
@@ -235,34 +319,6 @@ def _whole_statement(diff: Differentiator, node: cst.CSTNode) -> bool:
                 ):
                     return True
     return False
-
-
-def _alias_of(diff: Differentiator, name: str) -> str | None:
-    """A name forward binds to `name`'s object or a view of it, or to a container
-    holding one (`pair = (t, b)`, `kept.append(t)`), if any."""
-    for statement in diff.statements:
-        for call in m.findall(statement, m.Call(func=m.Attribute(value=m.Name()))):
-            assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
-            if call.func.attr.value in _CONTAINER_FILLERS and any(
-                _may_view(diff, a.value, name) for a in call.args
-            ):
-                holder = call.func.value
-                assert isinstance(holder, cst.Name)
-                return holder.value
-        for assign in m.findall(statement, m.Assign() | m.AnnAssign()):
-            assert isinstance(assign, (cst.Assign, cst.AnnAssign))
-            value = assign.value
-            if value is None or not _may_view(diff, value, name):
-                continue
-            targets = (
-                [t.target for t in assign.targets]
-                if isinstance(assign, cst.Assign)
-                else [assign.target]
-            )
-            for target in targets:
-                if isinstance(target, cst.Name) and target.value != name:
-                    return target.value
-    return None
 
 
 def _may_view(diff: Differentiator, value: cst.BaseExpression, name: str) -> bool:

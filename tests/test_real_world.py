@@ -802,6 +802,24 @@ CASES = [
         lambda: ([r(2, 3), r(3), r(3)], {}),
     ),
     Case(
+        "augmented_assignment_on_a_name_rebound_to_a_fresh_tensor",
+        """
+        import torch
+
+        def affine_tanh(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
+            h = x
+            h = h @ w
+            h += b
+            t = torch.tanh(h)
+            def backward(g):
+                gh = g * (1 - t * t)
+                return gh @ w.t(), x.t() @ gh, gh.sum(0)
+            return t, backward
+        """,
+        "affine_tanh",
+        lambda: ([r(2, 3), r(3, 4), r(4)], {}),
+    ),
+    Case(
         "backward_rebinds_its_gradient_with_a_promoted_temporary",
         """
         import torch
