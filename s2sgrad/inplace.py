@@ -28,7 +28,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import dotted
+from s2sgrad.cst import bound_target, dotted
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names
@@ -170,7 +170,7 @@ class _Sharing:
         if isinstance(statement, cst.FunctionDef):
             return
         if isinstance(statement, cst.For):
-            self._share(_target_names(statement.target), statement.iter, inside=True)
+            self._share(_names_bound(statement.target), statement.iter, inside=True)
         loop = isinstance(statement, (cst.For, cst.While))
         for _ in range(2 if loop else 1):
             for block in _blocks(statement):
@@ -189,9 +189,9 @@ class _Sharing:
     def _bind(self, small: cst.BaseSmallStatement, inside: bool) -> None:
         if isinstance(small, cst.Assign):
             for target in small.targets:
-                self._share(_target_names(target.target), small.value, inside)
+                self._share(_names_bound(target.target), small.value, inside)
         elif isinstance(small, cst.AnnAssign) and small.value is not None:
-            self._share(_target_names(small.target), small.value, inside)
+            self._share(_names_bound(small.target), small.value, inside)
         elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
             call = small.value
             func = call.func
@@ -226,15 +226,8 @@ class _Sharing:
                 self._reasons.pop(target, None)  # a fresh value
 
 
-def _target_names(target: cst.BaseExpression) -> list[str]:
-    """The names a binding target binds (`a`, `a, (b, c)`; not items or attributes)."""
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for e in target.elements for n in _target_names(e.value)]
-    if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
-    return []
+def _names_bound(target: cst.BaseExpression) -> list[str]:
+    return sorted(bound_target(target))
 
 
 def _blocks(node: cst.CSTNode) -> list[Sequence[cst.BaseStatement]]:
