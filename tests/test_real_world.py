@@ -820,6 +820,71 @@ CASES = [
         lambda: ([r(2, 3), r(3, 4), r(4)], {}),
     ),
     Case(
+        "a_named_sub_expression_of_a_temporary_at_third_order",
+        """
+        import torch
+
+        def exp_plus_one(y: torch.Tensor):
+            d = y.exp() + 1.0
+            def backward(g):
+                return g * (d - 1.0)
+            return d * 1.0, backward
+        """,
+        "exp_plus_one",
+        lambda: ([r(2, 3)], {}),
+    ),
+    Case(
+        "a_hand_written_logsumexp_at_third_order",
+        """
+        import torch
+
+        def logsumexp(x: torch.Tensor):
+            s = x.exp().sum(-1, keepdim=True)
+            l = s.log()
+            def backward(g):
+                return g * x.exp() / s
+            return l, backward
+        """,
+        "logsumexp",
+        lambda: ([r(2, 3)], {}),
+    ),
+    Case(
+        "a_sigmoid_inside_a_temporary_at_third_order",
+        """
+        import torch
+
+        def shifted_sigmoid(y: torch.Tensor, w: torch.Tensor):
+            d = y.sigmoid() * w + 1.0
+            def backward(g):
+                s = (d - 1.0) / w
+                return g * w * s * (1 - s), (g * s).sum_to_size(w.shape)
+            return d * 1.0, backward
+        """,
+        "shifted_sigmoid",
+        lambda: ([r(2, 3), r(3)], {}),
+    ),
+    Case(
+        "a_piece_of_a_sibling_tuple_result",
+        """
+        import torch
+
+        def pair(x: torch.Tensor):
+            a = x.tanh()
+            b = x.exp()
+            def backward(ga, gb):
+                return ga * (1 - a * a) + gb * b
+            return (a, b), backward
+
+        def second_times(x: torch.Tensor, y: torch.Tensor):
+            b = pair(x)[0][1]
+            def backward(g):
+                return pair(x)[1](torch.zeros_like(x), g * y), g * b
+            return b * y, backward
+        """,
+        "second_times",
+        lambda: ([r(2, 3), r(2, 3)], {}),
+    ),
+    Case(
         "backward_rebinds_its_gradient_with_a_promoted_temporary",
         """
         import torch
@@ -1060,3 +1125,43 @@ def test_detached_statistics_are_accepted_for_a_first_order_op() -> None:
     (expected,) = torch.autograd.grad(module["layer_norm"](x)[0], x, g)
     (found,) = torch.autograd.grad(generated["layer_norm"](x), x, g)
     torch.testing.assert_close(found, expected)
+
+
+@pytest.mark.parametrize("policy", ["promote", "recompute"])
+def test_augmented_assignment_on_a_temporary_autograd_saved(policy) -> None:
+    """`h = x.exp(); h += y`: the closure cannot run under autograd itself (exp saved
+    its output), but the op must: recomputation in backward runs with autograd on, so
+    the generated code binds `h = h + y` instead of changing exp's output in place."""
+    source = textwrap.dedent(
+        """\
+        import torch
+
+        def shifted_sin(x: torch.Tensor, y: torch.Tensor, n: int):
+            h = x.exp()
+            for _ in range(n):
+                h += y
+            t = h.sin()
+            def backward(g):
+                k = g * h.cos()
+                return k * x.exp(), k * n, None
+            return t, backward
+        """
+    )
+    text = transform(source, "shifted_sin.py", policy=policy)
+    generated: dict[str, Any] = {"__name__": "shifted_sin_grad"}
+    exec(compile(text, "shifted_sin_grad.py", "exec"), generated)
+    x, y = r(2, 3), r(2, 3)
+    for op in (generated["shifted_sin"], lambda x, y, n: (x.exp() + n * y).sin()):
+        found = []
+        grads = torch.autograd.grad(op(x, y, 2).sum(), (x, y), create_graph=True)
+        for _ in range(2):
+            found.append(grads)
+            total = sum((g * g).sum() for g in grads)
+            grads = torch.autograd.grad(total, (x, y), create_graph=True)
+        found.append(grads)
+        if op is generated["shifted_sin"]:
+            got = found
+        else:
+            for mine, want in zip(got, found, strict=True):
+                for a, b in zip(mine, want, strict=True):
+                    torch.testing.assert_close(a, b)

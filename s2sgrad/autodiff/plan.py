@@ -354,6 +354,9 @@ class Planner:
             else:
                 incoming_list.append((saved.name, accumulator))
         incoming = tuple(incoming_list)
+        # A hoisted sub-expression's own block runs only where it is promoted.
+        unpromoted = attempt.generator.hoist_accumulators - {k for _, k in incoming}
+        blocks = [b for b in blocks if not _guarded_by(b, unpromoted)]
         plan = self._recompute(recompute, entries, ctx, names)
         fixed = set(results) | {k for _, k in incoming}
         starting = set(attempt.generator.accumulators.values()) - fixed
@@ -671,6 +674,18 @@ class Planner:
             if found is not None:
                 return found
         return None
+
+
+def _guarded_by(block: cst.BaseStatement, names: set[str]) -> bool:
+    """Whether `block` is `if g is not None:` for one of `names`."""
+    return (
+        isinstance(block, cst.If)
+        and isinstance(block.test, cst.Comparison)
+        and isinstance(block.test.left, cst.Name)
+        and block.test.left.value in names
+        and len(block.test.comparisons) == 1
+        and isinstance(block.test.comparisons[0].operator, cst.IsNot)
+    )
 
 
 #: Metadata that two tensors of one shape class share (dtype and device may differ).

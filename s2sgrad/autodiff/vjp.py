@@ -167,6 +167,9 @@ class Generator:
         self.hoisted: dict[cst.CSTNode, Version] = {}
         self.hoists: dict[int, list[tuple[str, cst.BaseExpression]]] = {}
         self.extra: list[Version] = []
+        #: The gradient variables of hoisted sub-expressions, whose blocks matter only
+        #: where the plan promotes them.
+        self.hoist_accumulators: set[str] = set()
         self.step: Assign | None = None
         #: The comment over each block, and the `line N: statement` it stands for.
         self.notes: dict[str, str] = {}
@@ -224,12 +227,38 @@ class Generator:
         acc = cst.Name(self.accumulator(step.target))
         body: list[cst.BaseStatement] = []
         self.step = step
+        hoisted_before = len(self.extra)
         self.expr(
             step.value, acc, placeholder(step.target), step.before, body, step.line
         )
         self.step = None
         if not body:
             return []
+        blocks = self._block(step, acc, body)
+        # A sub-expression this step named in forward (`d_exp = y.exp()` for
+        # `d = y.exp() + 1.0`) is an output of its own: its gradient, which a higher
+        # order sends, goes back to its operands by its own rule.
+        for version in self.extra[hoisted_before:]:
+            node = next(n for n, v in self.hoisted.items() if v is version)
+            own = cst.Name(self.accumulator(version))
+            self.hoist_accumulators.add(own.value)
+            inner: list[cst.BaseStatement] = []
+            self.expr(
+                as_expression(node),
+                own,
+                placeholder(version),
+                step.before,
+                inner,
+                step.line,
+            )
+            if inner:
+                blocks += self._block(step, own, inner)
+        return blocks
+
+    def _block(
+        self, step: Assign, acc: cst.Name, body: list[cst.BaseStatement]
+    ) -> list[cst.BaseStatement]:
+        """`if acc is not None:` over `body`, with the source line as its comment."""
         text = (
             self.source[step.line - 1].strip()
             if 0 < step.line <= len(self.source)
@@ -459,6 +488,10 @@ class Generator:
         """
         assert isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call)
         call = node.value
+        if sibling.result.tensor is not True:
+            # `pair(x)[0]` of a sibling whose result is a tuple: the pieces taken from
+            # it are not one output of a rule; backward recomputes them.
+            raise NoRule(line, f"the result of `{sibling.name}` is not one tensor")
         ph = _Placeholders(env, self.hoisted)
         converted = as_expression(
             call.with_changes(func=cst.Name(sibling.forward)).visit(ph)
