@@ -44,6 +44,7 @@ CODES: dict[str, str] = {
     "S2S126": "forward reads autograd's state",
     "S2S127": "a differentiator with flat outputs called by another",
     "S2S128": "backward reads an output that torch does not differentiate",
+    "S2S129": "forward binds values where reverse mode does not follow",
 }
 
 

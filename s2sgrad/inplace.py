@@ -52,10 +52,18 @@ def out_of_place(
     lines = split_lines(source)
     aliases = aliasing_names(diff)
     sharing = _Sharing(diff)
+    params = {p.name for p in diff.params}
+    plain: set[int] = set()  # `h += y` on a tensor forward made: `h = h + y`
     for line, node in augmented:
         why = sharing.at.get(id(node))
         if why is not None:
             problems.append(_reject_augmented(node, line, why, path, lines))
+            continue
+        assert isinstance(node.target, cst.Name)
+        name = node.target.value
+        value = values.get(name)
+        if name not in params and name not in aliases and value and value.diff:
+            plain.add(id(node))
     for write in diff.writes:
         value = values.get(write.name)
         if value is None or TENSOR not in value.kinds or not value.diff:
@@ -69,9 +77,9 @@ def out_of_place(
             problems.append(_reject(write, why, path, lines))
     if problems:
         raise TransformError(problems)
-    if not rewrites:
+    if not rewrites and not plain:
         return diff
-    rewriter = _Rewrite(diff, rewrites)
+    rewriter = _Rewrite(diff, rewrites, plain)
     statements = tuple(_statement(s.visit(rewriter)) for s in diff.statements)
     lines_of = dict(diff.statement_lines)
     for new, old in rewriter.replaced.items():
@@ -345,9 +353,17 @@ def _may_view(diff: Differentiator, value: cst.BaseExpression, name: str) -> boo
 class _Rewrite(cst.CSTTransformer):
     """Replace each accepted write by a binding of its out-of-place form."""
 
-    def __init__(self, diff: Differentiator, writes: dict[cst.CSTNode, InPlace]):
+    def __init__(
+        self,
+        diff: Differentiator,
+        writes: dict[cst.CSTNode, InPlace],
+        augmented: set[int],
+    ):
         self.diff = diff
         self.writes = writes
+        #: Augmented assignments to write as bindings: recomputation in backward runs
+        #: with autograd on, where `h += y` would change a tensor autograd saved.
+        self.augmented = augmented
         #: New statement line -> the one it replaces (for source line numbers).
         self.replaced: dict[cst.CSTNode, cst.CSTNode] = {}
         #: Qualified names of the new callees (`torch.relu`).
@@ -364,6 +380,10 @@ class _Rewrite(cst.CSTTransformer):
         body: list[cst.BaseSmallStatement] = []
         changed = False
         for small in original_node.body:
+            if isinstance(small, cst.AugAssign) and id(small) in self.augmented:
+                body.append(_binding(small))
+                changed = True
+                continue
             call = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
             write = self.writes.get(call) if call is not None else None
             if write is None or not isinstance(call, cst.Call):
@@ -405,6 +425,23 @@ class _Rewrite(cst.CSTTransformer):
 
 #: List methods that put a value into the list.
 _CONTAINER_FILLERS = frozenset({"append", "extend", "insert"})
+
+
+def _binding(node: cst.AugAssign) -> cst.Assign:
+    """`h += y` as `h = h + y` (the right-hand side bracketed where it binds looser)."""
+    operator = type(node.operator).__name__.removesuffix("Assign")
+    value = node.value
+    if not isinstance(
+        value,
+        (cst.Name, cst.Call, cst.Attribute, cst.Subscript, cst.Integer, cst.Float),
+    ):
+        value = value.with_changes(
+            lpar=[cst.LeftParen(), *value.lpar], rpar=[*value.rpar, cst.RightParen()]
+        )
+    return cst.Assign(
+        [cst.AssignTarget(node.target)],
+        cst.BinaryOperation(node.target, getattr(cst, operator)(), value),
+    )
 
 
 def _reject_augmented(

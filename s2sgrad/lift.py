@@ -273,6 +273,42 @@ def check_parameters(diff: Differentiator, path: str, source: str) -> list[Diagn
     return found
 
 
+def check_untracked_bindings(
+    diff: Differentiator, path: str, source: str
+) -> list[Diagnostic]:
+    """Reject forward bindings that reverse mode and recomputation do not follow: an
+    assignment expression (`(e := x.exp())`) and a `match` statement (S2S129). What
+    they bind would be read as a constant, and higher orders would silently miss it.
+    """
+    lines = split_lines(source)
+    found = []
+    for statement in diff.statements:
+        nodes = m.findall(statement, m.NamedExpr() | m.Match())
+        for node in nodes[:1]:
+            line = diff.statement_lines.get(statement, diff.first_line)
+            text = line_text(lines, line)
+            if isinstance(node, cst.NamedExpr):
+                shown, what = f"{code(node.target)} :=", "an assignment expression"
+                fix = f"bind it in a statement of its own: `{code(node.target)} = ...`"
+            else:
+                shown, what = "match", "a `match` statement"
+                fix = "write the cases as `if`/`elif`/`else`"
+            found.append(
+                _located(
+                    "S2S129",
+                    f"forward binds values in {what}, which s2sgrad's reverse mode "
+                    "does not follow: a temporary bound there would be read as a "
+                    "constant",
+                    path,
+                    line,
+                    text,
+                    shown,
+                    fix,
+                )
+            )
+    return found
+
+
 def check_detached(
     diff: Differentiator, policy: str, path: str, source: str
 ) -> list[Diagnostic]:

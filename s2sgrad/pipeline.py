@@ -19,6 +19,7 @@ from s2sgrad.lift import (
     check_detached,
     check_outputs,
     check_parameters,
+    check_untracked_bindings,
     lift,
 )
 from s2sgrad.options import Options
@@ -98,6 +99,7 @@ def _judge_forward(
         found += unannotated or check_outputs(diff, evaluator, path, parsed.source)
         found += check_autograd_state(diff, path, parsed.source)
         found += check_detached(diff, policy, path, parsed.source)
+        found += check_untracked_bindings(diff, path, parsed.source)
         try:
             rewritten = out_of_place(diff, evaluator.env, path, parsed.source)
         except TransformError as exc:

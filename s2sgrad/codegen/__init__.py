@@ -20,7 +20,7 @@ from s2sgrad.codegen.fmt import format_code
 from s2sgrad.codegen.function import SAVE_HELPERS, uses_save_helpers
 from s2sgrad.codegen.guard import check_generated
 from s2sgrad.codegen.imports import import_block
-from s2sgrad.cst import module
+from s2sgrad.cst import bound, module
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, ParsedModule
 from s2sgrad.header import Origin, header
@@ -559,6 +559,11 @@ _OWN_NAMES = (
     *types.ALIASES,
 )
 
+#: Module-level names the generated code reads inside the functions that hold the
+#: user's code (an accumulation, the op's apply, `math` in inlined rules): a parameter
+#: or a local of the same name would hide them.
+_SHADOWED = frozenset({"_accumulate", "_apply", "_save", "_saved", "math"})
+
 #: Names the generated module imports: the same objects are no collision.
 _IMPORTED = {
     "Any": "from typing import Any",
@@ -605,5 +610,27 @@ def _check_collisions(parsed: ParsedModule, records: list[Differentiated]) -> No
                         "plain helper function",
                     )
                 )
+    for item in records:
+        diff = item.source
+        own = (
+            bound(diff.forward)
+            | set(diff.backward_locals)
+            | {p.name for p in diff.params}
+        )
+        for name in sorted(own & _SHADOWED):
+            text = split_lines(parsed.source)[diff.first_line - 1]
+            found.append(
+                Diagnostic(
+                    "S2S114",
+                    f"`{diff.name}` binds `{name}`, a name the generated code reads "
+                    "inside its functions for its own use, where this binding would "
+                    "hide it",
+                    parsed.path,
+                    diff.first_line,
+                    text.find(diff.name) + 1 or 1,
+                    text,
+                    f"rename `{name}` in `{diff.name}`",
+                )
+            )
     if found:
         raise TransformError(found)
