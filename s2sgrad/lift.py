@@ -532,7 +532,7 @@ class _SequenceUse(cst.CSTVisitor):
     def _listed(self, func: cst.BaseExpression, i: int, arg: cst.Arg) -> bool:
         """Whether a torch operator takes only a list of tensors in that place."""
         qualified = self.qualified.get(func, "") if dotted(func) else ""
-        if not qualified.startswith("torch."):
+        if not qualified.startswith("torch.") or opfacts.variadic(qualified):
             return False
         codes = set()
         for signature in opfacts.signatures(qualified):

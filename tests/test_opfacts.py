@@ -110,3 +110,13 @@ def test_detached_outputs_are_floating_statistics_not_indices():
     assert opfacts.detached_outputs("torch.max") == ()  # indices are integers
     assert opfacts.detached_outputs("torch.sort") == ()
     assert opfacts.detached_outputs("torch.layer_norm") == ()
+
+
+def test_variadic_python_functions_take_tensors_one_by_one():
+    """`torch.einsum(eq, a, b)` takes tensors as `*args` although its schema says
+    `Tensor[]`: an unannotated parameter passed there is not a list (no S2S125)."""
+    from s2sgrad import opfacts
+
+    assert opfacts.variadic("torch.einsum")
+    assert opfacts.variadic("torch.meshgrid")
+    assert not opfacts.variadic("torch.stack")

@@ -885,6 +885,20 @@ CASES = [
         lambda: ([r(2, 3), r(2, 3)], {}),
     ),
     Case(
+        "unannotated_tensors_passed_to_variadic_torch_functions",
+        """
+        import torch
+
+        def bilinear(a, b):
+            y = torch.einsum("ij,jk->ik", a, b)
+            def backward(g):
+                return torch.einsum("ik,jk->ij", g, b), torch.einsum("ij,ik->jk", a, g)
+            return y, backward
+        """,
+        "bilinear",
+        lambda: ([r(2, 3), r(3, 4)], {}),
+    ),
+    Case(
         "backward_rebinds_its_gradient_with_a_promoted_temporary",
         """
         import torch

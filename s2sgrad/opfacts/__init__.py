@@ -181,6 +181,11 @@ def no_gradient(qualified: str) -> bool:
     return _base(qualified) in table.NOGRAD
 
 
+def variadic(qualified: str) -> bool:
+    """Tell whether a Python function takes its tensors as `*tensors`."""
+    return qualified in table.VARIADIC
+
+
 def detached_outputs(qualified: str) -> tuple[int, ...]:
     """The outputs that torch returns without a gradient although they hold
     floating-point values (`native_layer_norm`'s mean and rstd); empty for most ops."""

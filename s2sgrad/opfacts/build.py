@@ -524,6 +524,23 @@ def python_table(
     return entries, dispatch
 
 
+def _variadic() -> list[str]:
+    """The Python-level functions of the namespaces whose first parameter is `*args`."""
+    found = []
+    for prefix, (namespace, _) in NAMESPACES.items():
+        for name in sorted(dir(namespace)):
+            function = getattr(namespace, name, None)
+            if name.startswith("_") or not isinstance(function, types.FunctionType):
+                continue
+            try:
+                params = list(inspect.signature(function).parameters.values())
+            except (TypeError, ValueError):
+                continue
+            if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL:
+                found.append(f"{prefix}.{name}")
+    return found
+
+
 def _python_random(python: dict[str, str], flags: dict[str, set[str]]) -> list[str]:
     """Python functions with their own entry (no aten operator of their name) whose
     code calls an operator that draws random numbers (`F.gumbel_softmax` calls
@@ -637,6 +654,14 @@ def render() -> str:
     out.append("DETACHED: dict[str, tuple[int, ...]] = {")
     out += [f"    {k!r}: {tuple(DETACHED[k])!r}," for k in sorted(DETACHED)]
     out.append("}")
+    out.append("")
+    out.append(
+        "#: Python functions that take their tensors as `*tensors` (`torch.einsum`,"
+    )
+    out.append("#: `torch.meshgrid`): one tensor there is one of them, not a list.")
+    out.append("VARIADIC: frozenset[str] = frozenset({")
+    out.append(_lines(repr(n) + "," for n in _variadic()).rstrip("\n"))
+    out.append("})")
     twins = _out_of_place(flags, aten)
     out.append("")
     out.append("#: In-place operator -> its out-of-place twin.")

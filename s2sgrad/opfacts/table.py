@@ -3391,6 +3391,34 @@ DETACHED: dict[str, tuple[int, ...]] = {
     'rrelu_with_noise_functional': (1,),
 }
 
+#: Python functions that take their tensors as `*tensors` (`torch.einsum`,
+#: `torch.meshgrid`): one tensor there is one of them, not a list.
+VARIADIC: frozenset[str] = frozenset({
+    'torch.atleast_1d',
+    'torch.atleast_2d',
+    'torch.atleast_3d',
+    'torch.block_diag',
+    'torch.broadcast_shapes',
+    'torch.broadcast_tensors',
+    'torch.cartesian_prod',
+    'torch.chain_matmul',
+    'torch.einsum',
+    'torch.get_file_path',
+    'torch.lu',
+    'torch.meshgrid',
+    'torch.sym_sum',
+    'torch.unique',
+    'torch.unique_consecutive',
+    'torch.nn.functional.adaptive_max_pool1d',
+    'torch.nn.functional.adaptive_max_pool2d',
+    'torch.nn.functional.adaptive_max_pool3d',
+    'torch.nn.functional.fractional_max_pool2d',
+    'torch.nn.functional.fractional_max_pool3d',
+    'torch.nn.functional.max_pool1d',
+    'torch.nn.functional.max_pool2d',
+    'torch.nn.functional.max_pool3d',
+})
+
 #: In-place operator -> its out-of-place twin.
 OUT_OF_PLACE: dict[str, str] = {
     '_add_relu_': '_add_relu',
