@@ -197,9 +197,9 @@ class _Sharing:
     def _bind(self, small: cst.BaseSmallStatement, inside: bool) -> None:
         if isinstance(small, cst.Assign):
             for target in small.targets:
-                self._share(_names_bound(target.target), small.value, inside)
+                self._pairs(target.target, small.value, inside)
         elif isinstance(small, cst.AnnAssign) and small.value is not None:
-            self._share(_names_bound(small.target), small.value, inside)
+            self._pairs(small.target, small.value, inside)
         elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
             call = small.value
             func = call.func
@@ -214,6 +214,24 @@ class _Sharing:
                             f"`{func.value.value}` may hold it, and would not see the "
                             "change"
                         )
+
+    def _pairs(
+        self, target: cst.BaseExpression, value: cst.BaseExpression, inside: bool
+    ) -> None:
+        """Bind `a, b = u, v` element by element; anything else as a whole."""
+        if (
+            isinstance(target, (cst.Tuple, cst.List))
+            and isinstance(value, (cst.Tuple, cst.List))
+            and len(target.elements) == len(value.elements)
+            and not any(
+                isinstance(e, cst.StarredElement)
+                for e in (*target.elements, *value.elements)
+            )
+        ):
+            for left, right in zip(target.elements, value.elements, strict=True):
+                self._pairs(left.value, right.value, inside)
+            return
+        self._share(_names_bound(target), value, inside)
 
     def _share(
         self, targets: list[str], value: cst.BaseExpression, inside: bool

@@ -899,6 +899,22 @@ CASES = [
         lambda: ([r(2, 3), r(3, 4)], {}),
     ),
     Case(
+        "augmented_assignment_after_a_tuple_binding",
+        """
+        import torch
+
+        def scaled_rows(x: torch.Tensor, alpha: float = 2.0):
+            t = x.tanh()
+            s, frozen = t.sum(-1, keepdim=True), t.detach()
+            s *= alpha
+            def backward(g):
+                return (g * alpha).expand_as(x) * (1 - t * t), None
+            return s, backward
+        """,
+        "scaled_rows",
+        lambda: ([r(2, 3)], {}),
+    ),
+    Case(
         "backward_rebinds_its_gradient_with_a_promoted_temporary",
         """
         import torch
