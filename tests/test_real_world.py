@@ -112,7 +112,10 @@ def grads(
             break
         found = list(
             torch.autograd.grad(
-                total, inputs, create_graph=True, allow_unused=True,
+                total,
+                inputs,
+                create_graph=True,
+                allow_unused=True,
                 materialize_grads=True,
             )
         )
@@ -1003,7 +1006,9 @@ def test_op_matches_autograd_of_the_closure_forward(case: Case, loaded) -> None:
             torch.testing.assert_close(a, b, msg=f"{case.name}: outputs")
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
             torch.testing.assert_close(
-                a, b, msg=lambda m, i=i, k=order: f"{case.name}: order {k}, input {i}: {m}"
+                a,
+                b,
+                msg=lambda m, i=i, k=order: f"{case.name}: order {k}, input {i}: {m}",
             )
 
 
@@ -1035,7 +1040,9 @@ def test_gradcheck_and_gradgradcheck(case: Case, loaded) -> None:
     assert torch.autograd.gradgradcheck(rebuilt, flat)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.random], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if not c.random], ids=lambda c: c.name
+)
 def test_forward_mode_matches_the_closure_forward(case: Case, loaded) -> None:
     """torch.func.jvp of the op equals jvp of the closure's own forward."""
     closure, generated, _ = loaded[case.name]
@@ -1063,7 +1070,9 @@ def test_forward_mode_matches_the_closure_forward(case: Case, loaded) -> None:
         return run
 
     tangents = tuple(torch.randn_like(t) for t in flat)
-    _, want = torch.func.jvp(of(closure_forward(closure[case.function])), tuple(flat), tangents)
+    _, want = torch.func.jvp(
+        of(closure_forward(closure[case.function])), tuple(flat), tangents
+    )
     _, got = torch.func.jvp(of(generated[case.function]), tuple(flat), tangents)
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
@@ -1115,8 +1124,7 @@ def test_line_numbers_stay_right_after_form_feeds() -> None:
 def test_a_captured_named_tuple_keeps_its_fields_under_every_policy(policy) -> None:
     """`res = x.median(dim=0)` captured whole: saved tensor by tensor, rebuilt as the
     named tuple it was (`res.indices` in backward), not as a list."""
-    source = textwrap.dedent(
-        """\
+    source = textwrap.dedent("""\
         import torch
 
         def median_rows(x: torch.Tensor):
@@ -1125,17 +1133,29 @@ def test_a_captured_named_tuple_keeps_its_fields_under_every_policy(policy) -> N
                 grad = torch.zeros_like(x)
                 return grad.scatter(0, res.indices.unsqueeze(0), g.unsqueeze(0))
             return res.values, backward
-        """
+        """)
+    _first_order_matches(
+        source, "median_rows", r(3, 4), torch.randn(4, dtype=F64), policy
     )
+
+
+def _converted(source: str, name: str, policy: str) -> dict[str, Any]:
+    """The generated module of `source` under `policy`, run from its text."""
+    generated: dict[str, Any] = {"__name__": f"{name}_grad"}
+    text = transform(source, f"{name}.py", policy=policy)
+    exec(compile(text, f"{name}_grad.py", "exec"), generated)
+    return generated
+
+
+def _first_order_matches(
+    source: str, name: str, x: torch.Tensor, g: torch.Tensor, policy: str
+) -> None:
+    """The op `name` of `source`, converted under `policy`, has the first-order
+    gradient torch.autograd gives through the closure's forward."""
     module: dict[str, Any] = {}
-    exec(compile(source, "median_rows.py", "exec"), module)
-    text = transform(source, "median_rows.py", policy=policy)
-    generated: dict[str, Any] = {"__name__": "median_rows_grad"}
-    exec(compile(text, "median_rows_grad.py", "exec"), generated)
-    x = r(3, 4)
-    g = torch.randn(4, dtype=F64)
-    (expected,) = torch.autograd.grad(module["median_rows"](x)[0], x, g)
-    (found,) = torch.autograd.grad(generated["median_rows"](x), x, g)
+    exec(compile(source, f"{name}.py", "exec"), module)
+    (expected,) = torch.autograd.grad(module[name](x)[0], x, g)
+    (found,) = torch.autograd.grad(_converted(source, name, policy)[name](x), x, g)
     torch.testing.assert_close(found, expected)
 
 
@@ -1145,16 +1165,8 @@ def test_detached_statistics_are_accepted_for_a_first_order_op() -> None:
     with pytest.raises(TransformError) as caught:
         transform(source, "ln.py")
     assert [d.code for d in caught.value.diagnostics] == ["S2S128"]
-    module: dict[str, Any] = {}
-    exec(compile(source, "ln.py", "exec"), module)
-    generated: dict[str, Any] = {"__name__": "ln_grad"}
-    text = transform(source, "ln.py", policy="first-order")
-    exec(compile(text, "ln_grad.py", "exec"), generated)
-    x = r(2, 3)
     g = torch.randn(2, 3, dtype=F64)
-    (expected,) = torch.autograd.grad(module["layer_norm"](x)[0], x, g)
-    (found,) = torch.autograd.grad(generated["layer_norm"](x), x, g)
-    torch.testing.assert_close(found, expected)
+    _first_order_matches(source, "layer_norm", r(2, 3), g, "first-order")
 
 
 @pytest.mark.parametrize("policy", ["promote", "recompute"])
@@ -1162,8 +1174,7 @@ def test_augmented_assignment_on_a_temporary_autograd_saved(policy) -> None:
     """`h = x.exp(); h += y`: the closure cannot run under autograd itself (exp saved
     its output), but the op must: recomputation in backward runs with autograd on, so
     the generated code binds `h = h + y` instead of changing exp's output in place."""
-    source = textwrap.dedent(
-        """\
+    source = textwrap.dedent("""\
         import torch
 
         def shifted_sin(x: torch.Tensor, y: torch.Tensor, n: int):
@@ -1175,11 +1186,8 @@ def test_augmented_assignment_on_a_temporary_autograd_saved(policy) -> None:
                 k = g * h.cos()
                 return k * x.exp(), k * n, None
             return t, backward
-        """
-    )
-    text = transform(source, "shifted_sin.py", policy=policy)
-    generated: dict[str, Any] = {"__name__": "shifted_sin_grad"}
-    exec(compile(text, "shifted_sin_grad.py", "exec"), generated)
+        """)
+    generated = _converted(source, "shifted_sin", policy)
     x, y = r(2, 3), r(2, 3)
     for op in (generated["shifted_sin"], lambda x, y, n: (x.exp() + n * y).sin()):
         found = []
