@@ -192,8 +192,7 @@ def check_outputs(
     wrong would lose the gradient silently. `evaluator` holds forward's values.
     """
     final = diff.forward.body.body[-1]
-    line = diff.statement_lines.get(final, diff.last_line)
-    text = line_text(split_lines(source), line)
+    line, text = _source_line(diff, final, split_lines(source), diff.last_line)
     found = []
     for node in diff.outputs:
         value = evaluator.expr(node)
@@ -218,6 +217,18 @@ def check_outputs(
             )
         )
     return found
+
+
+def _source_line(
+    diff: Differentiator,
+    statement: cst.CSTNode,
+    lines: list[str],
+    default: int | None = None,
+) -> tuple[int, str]:
+    """The source line of a forward statement (or `default`, else the def line), and
+    its text."""
+    line = diff.statement_lines.get(statement, default or diff.first_line)
+    return line, line_text(lines, line)
 
 
 def _located(
@@ -253,8 +264,7 @@ def check_parameters(diff: Differentiator, path: str, source: str) -> list[Diagn
         if finder.use is None:
             continue
         statement, shown = finder.use
-        line = diff.statement_lines.get(statement, diff.first_line)
-        text = line_text(lines, line)
+        line, text = _source_line(diff, statement, lines)
         found.append(
             _located(
                 "S2S125",
@@ -285,8 +295,7 @@ def check_untracked_bindings(
     for statement in diff.statements:
         nodes = m.findall(statement, m.NamedExpr() | m.Match())
         for node in nodes[:1]:
-            line = diff.statement_lines.get(statement, diff.first_line)
-            text = line_text(lines, line)
+            line, text = _source_line(diff, statement, lines)
             if isinstance(node, cst.NamedExpr):
                 shown, what = f"{code(node.target)} :=", "an assignment expression"
                 fix = f"bind it in a statement of its own: `{code(node.target)} = ...`"
@@ -335,8 +344,7 @@ def check_detached(
                 if hit is None or _only_to_backward_ops(diff.backward, hit[0]):
                     continue
                 name, op = hit
-                line = diff.statement_lines.get(line_node, diff.first_line)
-                text = line_text(lines, line)
+                line, text = _source_line(diff, line_node, lines)
                 found.append(
                     _located(
                         "S2S128",
@@ -440,8 +448,7 @@ def check_autograd_state(
             if _reads_autograd_state(node, params, diff.qualified_names)
         ]
         for node in hits[:1]:
-            line = diff.statement_lines.get(statement, diff.first_line)
-            text = line_text(lines, line)
+            line, text = _source_line(diff, statement, lines)
             shown = code(node)
             found.append(
                 _located(
