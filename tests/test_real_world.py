@@ -1203,3 +1203,38 @@ def test_augmented_assignment_on_a_temporary_autograd_saved(policy) -> None:
             for mine, want in zip(got, found, strict=True):
                 for a, b in zip(mine, want, strict=True):
                     torch.testing.assert_close(a, b)
+
+
+def test_a_number_where_an_unannotated_parameter_takes_a_gradient() -> None:
+    """`s` has no annotation and backward returns a gradient for it: a tensor, as
+    TorchScript reads it. A float passed there is a clear TypeError naming `s` and the
+    annotation that accepts numbers, not `save_for_backward`'s; with that annotation
+    the op takes both and matches autograd through the closure's forward."""
+    source = textwrap.dedent("""\
+        import torch
+
+        def scaled_square(x, s):
+            t = x * s
+            y = t * t
+            def backward(g):
+                return 2 * g * t * s, (2 * g * t * x).sum()
+            return y, backward
+        """)
+    op = _converted(source, "scaled_square", "promote")["scaled_square"]
+    with pytest.raises(TypeError, match=r"`s` as a tensor; got 2\.0\. .*Tensor \| float"):
+        op(r(2, 3), 2.0)
+    annotated = source.replace("(x, s)", "(x, s: torch.Tensor | float)")
+    module: dict[str, Any] = {}
+    exec(compile(annotated, "scaled_square.py", "exec"), module)
+    op = _converted(annotated, "scaled_square", "promote")["scaled_square"]
+    for s in (2.0, 3, r()):
+        x = r(2, 3)
+        inputs = (x, s) if isinstance(s, torch.Tensor) else (x,)
+        for f in (op, lambda x, s: module["scaled_square"](x, s)[0]):
+            first = torch.autograd.grad(f(x, s).sum(), inputs, create_graph=True)
+            second = torch.autograd.grad(sum(g.sum() for g in first), inputs)
+            if f is op:
+                found = first + second
+            else:
+                for a, b in zip(found, first + second, strict=True):
+                    torch.testing.assert_close(a, b)

@@ -77,16 +77,38 @@ _unpack_dual: Any = forward_ad.unpack_dual
 
 def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
     """`function.apply(*args)`, with a `jvp` where forward mode may ask for one."""
-    if torch.compiler.is_compiling():  # which traces no custom jvp
-        return function.apply(*args)  # type: ignore[no-untyped-call]
-    if _base_apply is None:
-        return _with_jvp(function).apply(*args)
-    transforms = _transforms_active()
-    if transforms and _jvp_over_jvp(function):
-        return function.forward(*args)  # forward mode only: the forward's own code
-    if transforms or getattr(forward_ad, "_current_level", 0) >= 0:
-        return _with_jvp(function).apply(*args)
-    return _base_apply.__get__(None, function)(*_unwrap(args))
+    try:
+        if torch.compiler.is_compiling():  # which traces no custom jvp
+            return function.apply(*args)  # type: ignore[no-untyped-call]
+        if _base_apply is None:
+            return _with_jvp(function).apply(*args)
+        transforms = _transforms_active()
+        if transforms and _jvp_over_jvp(function):
+            return function.forward(*args)  # forward mode only: the forward's own code
+        if transforms or getattr(forward_ad, "_current_level", 0) >= 0:
+            return _with_jvp(function).apply(*args)
+        return _base_apply.__get__(None, function)(*_unwrap(args))
+    except (TypeError, AttributeError) as error:
+        _number_for_tensor(function, args, error)
+        raise
+
+
+def _number_for_tensor(function: Any, args: tuple[Any, ...], error: Exception) -> None:
+    """Say so when `error` came from a number passed where forward takes a tensor."""
+    signature = inspect.signature(function.forward)
+    try:
+        bound = signature.bind(*args).arguments
+    except TypeError:
+        return
+    for name, value in bound.items():
+        annotation = signature.parameters[name].annotation
+        if annotation in (Tensor, "Tensor") and isinstance(value, (int, float, complex)):
+            raise TypeError(
+                f"{function.__name__} takes `{name}` as a tensor; got {value!r}. "
+                "Backward returns a gradient for it, and a "
+                "parameter without annotation that gets one is a tensor, as TorchScript "
+                "reads it. Annotate it `torch.Tensor | float` to pass numbers"
+            ) from error
 
 
 def _jvp_over_jvp(function: type[torch.autograd.Function]) -> bool:
@@ -460,6 +482,7 @@ def _imports(
     extra = [
         "from typing import Any, cast",
         "import functools",
+        "import inspect",
         "import linecache",
         "import traceback",
         "from torch.autograd import forward_ad",
@@ -545,6 +568,7 @@ _OWN_NAMES = (
     "_distinct",
     "_differentiable",
     "_no_jvp",
+    "_number_for_tensor",
     "_compiled",
     "_Twice",
     "_flatten",
@@ -571,6 +595,7 @@ _IMPORTED = {
     types.TENSOR: f"from torch import {types.TENSOR}",
     "once_differentiable": "from torch.autograd.function import once_differentiable",
     "functools": "import functools",
+    "inspect": "import inspect",
     "linecache": "import linecache",
     "traceback": "import traceback",
     "warnings": "import warnings",
