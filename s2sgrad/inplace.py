@@ -10,10 +10,11 @@ forward created itself (the frontend rejects writes to inputs):
   and backward reads its final value, as Python's late binding says;
 - it is a differentiable tensor: the write is rewritten out of place (`t.clamp_(0)`
   becomes `t = t.clamp(0)`, `torch.relu_(t)` becomes `t = torch.relu(t)`,
-  `F.relu(t, inplace=True)` drops the flag), as augmented assignment already is, so
-  reverse mode and recomputation see a plain binding;
-- where that is impossible (no out-of-place twin, an item store, `out=`, another name
-  that may share the tensor's memory), it is rejected with S2S123, naming the op.
+  `F.relu(t, inplace=True)` drops the flag, `t[i] = v` becomes
+  `t = _setitem(t, i, v)`), as augmented assignment already is, so reverse mode and
+  recomputation see a plain binding;
+- where that is impossible (no out-of-place twin, an attribute store, `out=`, another
+  name that may share the tensor's memory), it is rejected with S2S123, naming the op.
 
 Invariant: the returned statements compute the same values as the source's.
 """
@@ -33,7 +34,7 @@ from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names
 from s2sgrad.lines import line_text, split_lines
-from s2sgrad.values import TENSOR, Value
+from s2sgrad.values import SETITEM, SETITEM_NAME, TENSOR, Value
 
 
 def out_of_place(
@@ -48,6 +49,7 @@ def out_of_place(
     if not diff.writes and not augmented:
         return diff
     rewrites: dict[cst.CSTNode, InPlace] = {}
+    stores: dict[int, InPlace] = {}  # id of the target `t[i]` -> the write
     problems: list[Diagnostic] = []
     lines = split_lines(source)
     aliases = aliasing_names(diff)
@@ -68,8 +70,16 @@ def out_of_place(
         value = values.get(write.name)
         if value is None or TENSOR not in value.kinds or not value.diff:
             continue  # carries no gradient: forward builds it, backward reads it
+        shared = sharing.at.get(id(write.node))
+        if write.kind == "store":
+            why = _why_not_store(diff, write, aliases, shared)
+            if why is None:
+                stores[id(write.node)] = write
+            else:
+                problems.append(_reject(write, why, path, lines))
+            continue
         call = _call_of(diff, write)
-        why = _why_not(diff, write, call, aliases, sharing.at.get(id(write.node)))
+        why = _why_not(diff, write, call, aliases, shared)
         if why is None:
             assert call is not None
             rewrites[call] = write
@@ -77,9 +87,9 @@ def out_of_place(
             problems.append(_reject(write, why, path, lines))
     if problems:
         raise TransformError(problems)
-    if not rewrites and not plain:
+    if not rewrites and not plain and not stores:
         return diff
-    rewriter = _Rewrite(diff, rewrites, plain)
+    rewriter = _Rewrite(diff, rewrites, plain, stores)
     statements = tuple(_statement(s.visit(rewriter)) for s in diff.statements)
     lines_of = dict(diff.statement_lines)
     for new, old in rewriter.replaced.items():
@@ -112,6 +122,65 @@ def _call_of(diff: Differentiator, write: InPlace) -> cst.Call | None:
     return None
 
 
+def _why_not_store(
+    diff: Differentiator, write: InPlace, aliases: frozenset[str], shared: str | None
+) -> str | None:
+    """Why an item store cannot be rewritten as `t = _setitem(t, index, value)`, or
+    None when it can: `t[index] = value` or `t[index] op= value`, a statement of its
+    own, on a name no other name shares."""
+    target = write.node
+    if not (
+        isinstance(target, cst.Subscript)
+        and m.matches(target.value, m.Name(write.name))
+        and _index(target) is not None
+    ):
+        return "an attribute store, a store through a part or view, or a starred index"
+    if not any(_store_statement(small, target) for small in _smalls(diff)):
+        return "it is not a statement of its own (`t[i] = u = v`, a `del`)"
+    if write.name in aliases:
+        return "it may be an input's own tensor, which the caller would see change"
+    return shared
+
+
+def _smalls(diff: Differentiator) -> list[cst.BaseSmallStatement]:
+    """Forward's small statements, at every depth (not in nested functions)."""
+    found: list[cst.BaseSmallStatement] = []
+    for statement in diff.statements:
+        for line in m.findall(statement, m.SimpleStatementLine()):
+            assert isinstance(line, cst.SimpleStatementLine)
+            found += line.body
+    return found
+
+
+def _store_statement(small: cst.BaseSmallStatement, target: cst.Subscript) -> bool:
+    """Whether `small` is `target = value` or `target op= value`, alone."""
+    if isinstance(small, cst.Assign):
+        return len(small.targets) == 1 and small.targets[0].target is target
+    return isinstance(small, cst.AugAssign) and small.target is target
+
+
+def _index(target: cst.Subscript) -> cst.BaseExpression | None:
+    """The index of `t[...]` as an expression (`t[:, 0]`: `(slice(None), 0)`), or
+    None for a starred index."""
+    items: list[cst.BaseExpression] = []
+    for element in target.slice:
+        index = element.slice
+        if isinstance(index, cst.Index):
+            if index.star is not None:
+                return None
+            items.append(index.value)
+        else:
+            assert isinstance(index, cst.Slice)
+            bounds = [index.lower, index.upper, index.step]
+            while len(bounds) > 1 and bounds[-1] is None:
+                bounds.pop()
+            args = [cst.Arg(b if b is not None else cst.Name("None")) for b in bounds]
+            items.append(cst.Call(cst.Name("slice"), args))
+    if len(items) == 1 and target.slice[-1].comma == cst.MaybeSentinel.DEFAULT:
+        return items[0]
+    return cst.Tuple([cst.Element(item) for item in items])
+
+
 def _why_not(
     diff: Differentiator,
     write: InPlace,
@@ -120,8 +189,6 @@ def _why_not(
     shared: str | None,
 ) -> str | None:
     """Why a write cannot be rewritten out of place, or None when it can."""
-    if write.kind == "store":
-        return "an item or attribute store has no out-of-place form here"
     if write.kind == "out" or call is None:
         return "`out=` writes into it"
     if _twin(diff, write, call) is None:
@@ -189,7 +256,7 @@ class _Sharing:
             reason = self._reasons.get(small.target.value)
             if reason is not None:
                 self.at[id(small)] = reason
-        for node in m.findall(small, m.Call() | m.Arg()):
+        for node in m.findall(small, m.Call() | m.Arg() | m.Subscript()):
             name = self._writes.get(id(node))
             if name is not None and name in self._reasons:
                 self.at[id(node)] = self._reasons[name]
@@ -376,9 +443,12 @@ class _Rewrite(cst.CSTTransformer):
         diff: Differentiator,
         writes: dict[cst.CSTNode, InPlace],
         augmented: set[int],
+        stores: dict[int, InPlace],
     ):
         self.diff = diff
         self.writes = writes
+        #: Item stores `t[i] = v` to write as `t = _setitem(t, i, v)`, by target id.
+        self.stores = stores
         #: Augmented assignments to write as bindings: recomputation in backward runs
         #: with autograd on, where `h += y` would change a tensor autograd saved.
         self.augmented = augmented
@@ -402,6 +472,11 @@ class _Rewrite(cst.CSTTransformer):
                 body.append(_binding(small))
                 changed = True
                 continue
+            store = self._store(small)
+            if store is not None:
+                body.append(store)
+                changed = True
+                continue
             call = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
             write = self.writes.get(call) if call is not None else None
             if write is None or not isinstance(call, cst.Call):
@@ -419,6 +494,31 @@ class _Rewrite(cst.CSTTransformer):
         new = updated_node.with_changes(body=body)
         self.replaced[new] = original_node
         return new
+
+    def _store(self, small: cst.BaseSmallStatement) -> cst.Assign | None:
+        """`t[i] = v` as `t = _setitem(t, i, v)`; `t[i] += v` as
+        `t = _setitem(t, i, t[i] + v)`, which is what Python runs for it."""
+        if isinstance(small, cst.Assign):
+            target = small.targets[0].target
+            value = small.value
+        elif isinstance(small, cst.AugAssign):
+            target = small.target
+            operator = type(small.operator).__name__.removesuffix("Assign")
+            value = cst.BinaryOperation(
+                target, getattr(cst, operator)(), _bracketed(small.value)
+            )
+        else:
+            return None
+        if id(target) not in self.stores:
+            return None
+        assert isinstance(target, cst.Subscript)
+        index = _index(target)
+        assert index is not None
+        name = self.stores[id(target)].name
+        func = cst.Name(SETITEM_NAME)
+        self.qualified[func] = SETITEM
+        call = cst.Call(func, [cst.Arg(cst.Name(name)), cst.Arg(index), cst.Arg(value)])
+        return cst.Assign([cst.AssignTarget(cst.Name(name))], call)
 
     def _plain(self, call: cst.Call, write: InPlace) -> cst.Call:
         twin = _twin(self.diff, write, call)
@@ -448,17 +548,23 @@ _CONTAINER_FILLERS = frozenset({"append", "extend", "insert"})
 def _binding(node: cst.AugAssign) -> cst.Assign:
     """`h += y` as `h = h + y` (the right-hand side bracketed where it binds looser)."""
     operator = type(node.operator).__name__.removesuffix("Assign")
-    value = node.value
-    if not isinstance(
+    return cst.Assign(
+        [cst.AssignTarget(node.target)],
+        cst.BinaryOperation(
+            node.target, getattr(cst, operator)(), _bracketed(node.value)
+        ),
+    )
+
+
+def _bracketed(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`value` in brackets where it binds looser than the operator it goes beside."""
+    if isinstance(
         value,
         (cst.Name, cst.Call, cst.Attribute, cst.Subscript, cst.Integer, cst.Float),
     ):
-        value = value.with_changes(
-            lpar=[cst.LeftParen(), *value.lpar], rpar=[*value.rpar, cst.RightParen()]
-        )
-    return cst.Assign(
-        [cst.AssignTarget(node.target)],
-        cst.BinaryOperation(node.target, getattr(cst, operator)(), value),
+        return value
+    return value.with_changes(
+        lpar=[cst.LeftParen(), *value.lpar], rpar=[*value.rpar, cst.RightParen()]
     )
 
 
@@ -499,7 +605,21 @@ def _reject(write: InPlace, why: str, path: str, lines: list[str]) -> Diagnostic
         write.line,
         write.column,
         line_text(lines, write.line),
+        _hint(write),
+    )
+
+
+def _hint(write: InPlace) -> str:
+    name = write.name
+    if write.kind == "store":
+        return (
+            f"give `{name}` a tensor of its own before the store (`{name} = "
+            f"{name}.clone()`), or compute the new value out of place "
+            "(`torch.where`, `index_put`, `scatter`)"
+        )
+    return (
         "compute the new value out of place and bind it to a name "
-        f"(`{write.name}_new = torch.where(...)`, `index_put`, `scatter`): "
-        "reverse mode and recomputation need each value bound once",
+        f"(`{name}_new = torch.where(...)`, `index_put`, `scatter`), or store it by "
+        f"index (`{name}[i] = value`), which s2sgrad writes out of place: reverse "
+        "mode and recomputation need each value bound once"
     )

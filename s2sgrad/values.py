@@ -162,6 +162,12 @@ NONE_VALUE = Value(frozenset({NONE}))
 CONST = Value(frozenset({TENSOR}))
 DIFF = Value(frozenset({TENSOR}), True)
 SIZES = seq(SCALAR, "tuple")
+
+#: Forward's item store on a differentiable tensor, `t[i] = v`, is rewritten as
+#: `t = _setitem(t, i, v)` (inplace.py), a helper of the generated module with no
+#: derivative rule: what reads its result is recomputed under autograd.
+SETITEM_NAME = "_setitem"
+SETITEM = "s2sgrad._setitem"
 MAYBE_TENSOR_OR_NONE = Value(frozenset({TENSOR, NUMBER, NONE}), True)
 UNKNOWN = top()
 
@@ -716,6 +722,8 @@ class Evaluator:
             return SCALAR
         if qualified.startswith("torch."):
             return self._torch(qualified, node, args, None)
+        if qualified == SETITEM:
+            return Value(frozenset({TENSOR}), args[0].diff or args[2].diff)
         if isinstance(func, cst.Attribute):
             receiver = self.expr(func.value)
             return self._method(func.attr.value, receiver, node, args)

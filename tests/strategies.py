@@ -879,7 +879,10 @@ class _Builder:
             self.append_loop()
             return
         if roll == 12:
-            self.construct()
+            if r.coin():
+                self.item_store()
+            else:
+                self.construct()
             return
         if roll == 13:
             self.from_torch_call()
@@ -1020,6 +1023,37 @@ class _Builder:
         self.nodes.append(Node(name, a.shape, [op], start, len(self.lines), opaque=True))
         self.values.append(Value(name, a.shape, True))
         self.values.append(Value(hs, a.shape, True, listed=True))
+
+    def item_store(self) -> None:
+        """A differentiable temporary stored into by index in forward (`t = a * 1.5`,
+        then `t[0] = 0.0` or `t[..., :1] = b[..., :1]`): written out of place, and
+        what backward reads of it recomputed."""
+        r = self.r
+        a = self.pick(lambda v: len(v.shape) >= 1)
+        if a is None:
+            self.construct()
+            return
+        b = self.pick(lambda v: v.shape == a.shape and v.name != a.name)
+        index, dim = r.choice([("0", 0), ("0:1", 0), ("..., :1", -1), ("-1:, ...", 0)])
+        if index == "-1:, ...":
+            row = f"torch.tensor([{a.shape[0] - 1}])"
+        else:
+            row = "torch.tensor([0])"
+        kept = f"({{g}} * 1.5).index_fill({dim}, {row}, 0.0)"
+        if b is None or r.coin():
+            stored, operands = r.choice(["0.0", "torch.zeros(())"]), [a]
+
+            def vjp(g: str, o: str | None, xs: list[str]) -> list[str]:
+                return [kept.format(g=g)]
+
+        else:
+            stored, operands = f"{b.name}[{index}]", [a, b]
+
+            def vjp(g: str, o: str | None, xs: list[str]) -> list[str]:
+                return [kept.format(g=g), f"{g} - {g}.index_fill({dim}, {row}, 0.0)"]
+
+        op = Op(f"{a.name} * 1.5", a.shape, operands, vjp, after=[f"{{t}}[{index}] = {stored}"])
+        self.add_node(op, named=True)
 
     def construct(self) -> None:
         """A constant built in place in forward: a fresh tensor filled by writes."""

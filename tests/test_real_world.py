@@ -95,7 +95,7 @@ def grads(
     """(outputs, order-th gradients w.r.t. every input tensor) by torch.autograd."""
     torch.manual_seed(seed)
     args, kwargs = case.inputs()
-    inputs = tensors_of(args) + tensors_of(kwargs)
+    inputs = [t for t in tensors_of(args) + tensors_of(kwargs) if t.requires_grad]
     if case.random:
         torch.manual_seed(1234)
     outputs = tensors_of(fn(*args, **kwargs))
@@ -457,6 +457,109 @@ CASES = [
         "scatter_scale",
         lambda: ([r(4), r(2)], {}),
         generated=("gains = gains.index_put(",),
+    ),
+    Case(
+        "item_store_on_a_differentiable_temporary",
+        """
+        import torch
+
+        def pinned(x: torch.Tensor):
+            t = x * 3
+            t[0] = 1.0
+            y = t * x
+            def backward(g):
+                gx = g * t + g * x * 3
+                gx[0] = g[0] * t[0]
+                return gx
+            return y, backward
+        """,
+        "pinned",
+        lambda: ([r(4)], {}),
+        generated=("t = _setitem(t, 0, 1.0)", "an item store `t[...] = ...`"),
+    ),
+    Case(
+        "masked_scores_stored_by_a_boolean_index",
+        """
+        import torch
+
+        def masked_softmax(x: torch.Tensor, mask: torch.Tensor):
+            scores = x * 2
+            scores[mask] = float("-inf")
+            p = torch.softmax(scores, -1)
+            def backward(g):
+                return 2 * p * (g - (g * p).sum(-1, keepdim=True)), None
+            return p, backward
+        """,
+        "masked_softmax",
+        lambda: ([r(3, 4), torch.tensor([[True, False, False, False]] * 3)], {}),
+        generated=('scores = _setitem(scores, mask, float("-inf"))',),
+    ),
+    Case(
+        "buffer_of_differentiable_rows_by_slices",
+        """
+        import torch
+
+        def swap_and_stack(x: torch.Tensor, w: torch.Tensor):
+            out = torch.empty(2, x.shape[0], x.shape[1], dtype=x.dtype)
+            out[0, :, ::2] = x[:, 1::2] * w
+            out[0, :, 1::2] = x[:, ::2]
+            out[1] = x.sin()
+            y = out.sum(0)
+            def backward(g):
+                gx = torch.empty_like(g)
+                gx[:, 1::2] = g[:, ::2] * w
+                gx[:, ::2] = g[:, 1::2]
+                gw = (g[:, ::2] * x[:, 1::2]).sum()
+                return gx + g * out[1].cos() * 0 + g * x.cos(), gw
+            return y, backward
+        """,
+        "swap_and_stack",
+        lambda: ([r(3, 4), r()], {}),
+        generated=("out = _setitem(out, (0, slice(None), slice(None, None, 2)), ",),
+    ),
+    Case(
+        "item_stores_with_every_index_form",
+        """
+        import torch
+
+        def zeroed_square(x: torch.Tensor):
+            t = x * 2
+            t[..., 1:3] = 0
+            t[0,] = 0.0
+            t[::2, -1] = torch.zeros(())
+            t[None, 1, :1] = 0
+            def backward(g):
+                return 4 * g * t
+            return t * t, backward
+        """,
+        "zeroed_square",
+        lambda: ([r(4, 5)], {}),
+        generated=(
+            "t = _setitem(t, (..., slice(1, 3)), 0)",
+            "t = _setitem(t, (0,), 0.0)",
+            "t = _setitem(t, (slice(None, None, 2), -1), torch.zeros(()))",
+            "t = _setitem(t, (None, 1, slice(None, 1)), 0)",
+        ),
+    ),
+    Case(
+        "augmented_item_store_in_a_loop",
+        """
+        import torch
+
+        def acc_rows(x: torch.Tensor, w: torch.Tensor):
+            h = x * w
+            for i in range(h.shape[0]):
+                h[i] += w * i
+            s = h.sin()
+            def backward(g):
+                c = g * h.cos()
+                ar = torch.arange(x.shape[0], dtype=x.dtype).unsqueeze(1)
+                return c * w, (c * x).sum(0) + (c * ar).sum(0)
+            return s, backward
+        """,
+        "acc_rows",
+        lambda: ([r(3, 2), r(2)], {}),
+        generated=("h = _setitem(h, i, h[i] + (w * i))",),
     ),
     Case(
         "inplace_on_differentiable_temporary",

@@ -25,7 +25,16 @@ from s2sgrad.autodiff.shapes import ShapeFacts, class_of
 from s2sgrad.cst import NameRewriter, as_expression, dotted, spelled
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.names import NameAllocator
-from s2sgrad.values import NUMBER, OTHER, SEQ, UNKNOWN, Evaluator, ModuleFacts, Value
+from s2sgrad.values import (
+    NUMBER,
+    OTHER,
+    SEQ,
+    SETITEM,
+    UNKNOWN,
+    Evaluator,
+    ModuleFacts,
+    Value,
+)
 
 PLACEHOLDER = "__s2sgrad_v{}__"
 ACCUMULATE = "_accumulate"
@@ -559,6 +568,11 @@ class Generator:
         else:
             raise NoRule(line, f"no derivative rule for `{code}`")
         rule = self.registry.rules.get(key or "")
+        if rule is None and key == SETITEM and isinstance(node, cst.Call):
+            name = cst.Module([]).code_for_node(node.args[0].value)
+            raise NoRule(
+                line, f"an item store `{name}[...] = ...` has no derivative rule"
+            )
         if rule is None:
             raise NoRule(line, f"no derivative rule for `{code}`")
         return rule, _bind(rule, positional, keywords, line, code)

@@ -27,7 +27,7 @@ from s2sgrad.header import Origin, header
 from s2sgrad.lines import split_lines
 from s2sgrad.names import Names
 from s2sgrad.options import Options
-from s2sgrad.values import param_value
+from s2sgrad.values import SETITEM_NAME, param_value
 
 _ACCUMULATE = '''
 def _accumulate(total: Grad, grad: Grad) -> Grad:
@@ -46,6 +46,15 @@ def _accumulate(total: Any, grad: Any) -> Any:
     if isinstance(total, (list, tuple)):
         return [_accumulate(t, g) for t, g in zip(total, grad, strict=True)]
     return total + grad
+'''.lstrip()
+
+#: Forward's item store on a differentiable tensor (values.SETITEM), out of place.
+_SETITEM = f'''
+def {SETITEM_NAME}(tensor: Tensor, index: Any, value: Any) -> Tensor:
+    """`tensor[index] = value` on a copy: each value of forward is bound once."""
+    tensor = tensor.clone()
+    tensor[index] = value
+    return tensor
 '''.lstrip()
 
 #: The runtime every generated module carries (after its ops: a reader starts with the
@@ -422,6 +431,8 @@ def generate(
         body.append(cst.parse_statement(_ACCUMULATE_LISTS if lists else _ACCUMULATE))
     if any(uses_save_helpers(item) for item in records):
         body += cst.parse_module(SAVE_HELPERS.lstrip()).body
+    if any(_stores_items(item) for item in records):
+        body.append(cst.parse_statement(_SETITEM))
     taken = set(parsed.module_names) | {
         name for item in records for name in vars(Names.of(item.source.name)).values()
     }
@@ -447,6 +458,12 @@ def generate(
     )
     check_generated(text, options.line_length)
     return text
+
+
+def _stores_items(item: Differentiated) -> bool:
+    """Whether forward's statements call `_setitem` (values.SETITEM)."""
+    call = m.Call(func=m.Name(SETITEM_NAME))
+    return any(m.findall(s, call) for s in item.source.statements)
 
 
 def _compiles(item: Differentiated, options: Options) -> bool:
@@ -580,13 +597,16 @@ _OWN_NAMES = (
     "_accumulate",
     "_save",
     "_saved",
+    SETITEM_NAME,
     *types.ALIASES,
 )
 
 #: Module-level names the generated code reads inside the functions that hold the
 #: user's code (an accumulation, the op's apply, `math` in inlined rules): a parameter
 #: or a local of the same name would hide them.
-_SHADOWED = frozenset({"_accumulate", "_apply", "_save", "_saved", "math"})
+_SHADOWED = frozenset(
+    {"_accumulate", "_apply", "_save", "_saved", SETITEM_NAME, "math"}
+)
 
 #: Names the generated module imports: the same objects are no collision.
 _IMPORTED = {
