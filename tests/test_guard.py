@@ -50,3 +50,32 @@ def test_guard_failure_exits_123_and_writes_nothing(tmp_path):
     assert "bug in s2sgrad" in run.stderr and "GeneratedCodeError" in run.stderr
     assert (tmp_path / "ops_grad.py").read_text() == "sentinel\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.py", "ops_grad.py"]
+
+
+_UNFORMATTED = """
+import torch
+x=1
+# the helper's comment
+def helper(a,b):
+    return a+b
+y = helper(1,2)
+class Box:
+    value: int=1
+    def get(self): return self.value
+@staticmethod
+def decorated():
+    pass
+# a trailing comment
+"""
+
+
+def test_formatting_piece_by_piece_is_what_black_makes_of_the_whole() -> None:
+    """format_code cuts the module before each top-level definition (comments and
+    decorators above it kept with it) and formats the pieces on their own: the joined
+    text must be black's for the whole module, byte for byte."""
+    from s2sgrad.codegen.fmt import _pieces, format_code, format_whole
+
+    assert len(_pieces(_UNFORMATTED)) == 4
+    assert _pieces(_UNFORMATTED)[1].startswith("# the helper's comment\ndef helper")
+    assert format_code(_UNFORMATTED, 88) == format_whole(_UNFORMATTED, 88)
+    assert format_code(_UNFORMATTED, 88) != _UNFORMATTED

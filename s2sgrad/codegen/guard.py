@@ -14,7 +14,7 @@ from __future__ import annotations
 import builtins
 import symtable
 
-from s2sgrad.codegen.fmt import format_code
+from s2sgrad.codegen.fmt import format_whole
 
 
 class GeneratedCodeError(AssertionError):
@@ -27,7 +27,7 @@ def check_generated(text: str, line_length: int, fixed_point: bool = False) -> N
         compile(text, "<generated>", "exec")
     except SyntaxError as exc:
         raise GeneratedCodeError(f"generated code does not compile: {exc}") from exc
-    if fixed_point and format_code(text, line_length) != text:
+    if fixed_point and format_whole(text, line_length) != text:
         raise GeneratedCodeError("generated code is not stable under black")
     undefined = sorted(_undefined_names(text))
     if undefined:
