@@ -171,9 +171,12 @@ def _index(target: cst.Subscript) -> cst.BaseExpression | None:
             items.append(index.value)
         else:
             assert isinstance(index, cst.Slice)
+            # slice(a) is slice(None, a): the start is spelled whenever more follows.
             bounds = [index.lower, index.upper, index.step]
-            while len(bounds) > 1 and bounds[-1] is None:
+            if bounds[2] is None:
                 bounds.pop()
+                if bounds == [None, None]:
+                    bounds = [None]
             args = [cst.Arg(b if b is not None else cst.Name("None")) for b in bounds]
             items.append(cst.Call(cst.Name("slice"), args))
     if len(items) == 1 and target.slice[-1].comma == cst.MaybeSentinel.DEFAULT:

@@ -528,6 +528,7 @@ CASES = [
             t[0,] = 0.0
             t[::2, -1] = torch.zeros(())
             t[None, 1, :1] = 0
+            t[-1:, 2:] = 0
             def backward(g):
                 return 4 * g * t
             return t * t, backward
@@ -539,6 +540,7 @@ CASES = [
             "t = _setitem(t, (0,), 0.0)",
             "t = _setitem(t, (slice(None, None, 2), -1), torch.zeros(()))",
             "t = _setitem(t, (None, 1, slice(None, 1)), 0)",
+            "t = _setitem(t, (slice(-1, None), slice(2, None)), 0)",
         ),
     ),
     Case(
