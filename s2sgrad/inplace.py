@@ -34,7 +34,7 @@ from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names
 from s2sgrad.lines import line_text, split_lines
-from s2sgrad.values import SETITEM, SETITEM_NAME, TENSOR, Value
+from s2sgrad.values import NUMBER, SETITEM, SETITEM_NAME, TENSOR, Value
 
 
 def out_of_place(
@@ -79,7 +79,7 @@ def out_of_place(
                 problems.append(_reject(write, why, path, lines))
             continue
         call = _call_of(diff, write)
-        why = _why_not(diff, write, call, aliases, shared)
+        why = _why_not(diff, write, call, aliases, shared, values)
         if why is None:
             assert call is not None
             rewrites[call] = write
@@ -190,6 +190,7 @@ def _why_not(
     call: cst.Call | None,
     aliases: frozenset[str],
     shared: str | None,
+    values: Mapping[str, Value],
 ) -> str | None:
     """Why a write cannot be rewritten out of place, or None when it can."""
     if write.kind == "out" or call is None:
@@ -199,12 +200,71 @@ def _why_not(
     if not _whole_statement(diff, call):
         return "it is used inside a larger expression"
     receiver = _receiver(write, call)
-    if not m.matches(receiver, m.Name(write.name)):
+    if _basic_part(receiver, write.name, values) and _alone(diff, call):
+        pass  # `t[0].mul_(2)`: t = _setitem(t, 0, t[0].mul(2))
+    elif isinstance(receiver, cst.Subscript) and m.matches(
+        receiver.value, m.Name(write.name)
+    ):
+        part = cst.Module([]).code_for_node(receiver)
+        if _alone(diff, call):
+            return (
+                f"`{part}` may index by a tensor or a list, which gives a copy: the "
+                f"op would change the copy and leave `{write.name}` as it was"
+            )
+        return f"it writes into `{part}`, a part of it, and its value is used"
+    elif not m.matches(receiver, m.Name(write.name)):
         part = cst.Module([]).code_for_node(receiver)
         return f"it writes into `{part}`, a part or view of it"
     if write.name in aliases:
         return "it may be an input's own tensor, which the caller would see change"
     return shared
+
+
+def _basic_part(
+    receiver: cst.BaseExpression, name: str, values: Mapping[str, Value]
+) -> bool:
+    """Whether `receiver` is `name[...]` by basic indexing (ints, slices, `None`,
+    `...`): a view of the tensor, so that an in-place op on it changes the tensor, as
+    `_setitem` of its out-of-place result does. An index by a tensor or a list makes
+    a copy, which the op would change instead (rejected: the source's write would
+    change nothing)."""
+    if not (
+        isinstance(receiver, cst.Subscript)
+        and m.matches(receiver.value, m.Name(name))
+        and _index(receiver) is not None
+    ):
+        return False
+
+    def number(node: cst.BaseExpression | None) -> bool:
+        if node is None or isinstance(node, (cst.Integer, cst.Ellipsis)):
+            return True
+        if isinstance(node, cst.UnaryOperation) and isinstance(
+            node.operator, cst.Minus
+        ):
+            return number(node.expression)
+        if isinstance(node, cst.Name):
+            if node.value == "None":
+                return True
+            value = values.get(node.value)
+            return value is not None and value.kinds == frozenset({NUMBER})
+        return False
+
+    for element in receiver.slice:
+        index = element.slice
+        if isinstance(index, cst.Index):
+            if not number(index.value):
+                return False
+        elif isinstance(index, cst.Slice):
+            if not all(number(b) for b in (index.lower, index.upper, index.step)):
+                return False
+    return True
+
+
+def _alone(diff: Differentiator, call: cst.Call) -> bool:
+    """Whether `call` is a statement of its own (`t[0].mul_(2)`, not `u = ...`)."""
+    return any(
+        isinstance(small, cst.Expr) and small.value is call for small in _smalls(diff)
+    )
 
 
 def _receiver(write: InPlace, call: cst.Call) -> cst.BaseExpression:
@@ -487,9 +547,11 @@ class _Rewrite(cst.CSTTransformer):
                 continue
             changed = True
             target = cst.Name(write.name)
-            body.append(
-                cst.Assign([cst.AssignTarget(target)], self._plain(call, write))
-            )
+            plain: cst.BaseExpression = self._plain(call, write)
+            receiver = _receiver(write, call)
+            if isinstance(receiver, cst.Subscript):  # `t[0].mul_(2)`
+                plain = self._setitem(write.name, receiver, plain)
+            body.append(cst.Assign([cst.AssignTarget(target)], plain))
             if isinstance(small, cst.Assign):
                 body.append(small.with_changes(value=cst.Name(write.name)))
         if not changed:
@@ -515,13 +577,19 @@ class _Rewrite(cst.CSTTransformer):
         if id(target) not in self.stores:
             return None
         assert isinstance(target, cst.Subscript)
+        name = self.stores[id(target)].name
+        call = self._setitem(name, target, value)
+        return cst.Assign([cst.AssignTarget(cst.Name(name))], call)
+
+    def _setitem(
+        self, name: str, target: cst.Subscript, value: cst.BaseExpression
+    ) -> cst.Call:
+        """`_setitem(name, index, value)` for a store into `target`, `name[index]`."""
         index = _index(target)
         assert index is not None
-        name = self.stores[id(target)].name
         func = cst.Name(SETITEM_NAME)
         self.qualified[func] = SETITEM
-        call = cst.Call(func, [cst.Arg(cst.Name(name)), cst.Arg(index), cst.Arg(value)])
-        return cst.Assign([cst.AssignTarget(cst.Name(name))], call)
+        return cst.Call(func, [cst.Arg(cst.Name(name)), cst.Arg(index), cst.Arg(value)])
 
     def _plain(self, call: cst.Call, write: InPlace) -> cst.Call:
         twin = _twin(self.diff, write, call)

@@ -1040,6 +1040,17 @@ class _Builder:
         else:
             row = "torch.tensor([0])"
         kept = f"({{g}} * 1.5).index_fill({dim}, {row}, 0.0)"
+        if r.coin(0.3):  # an in-place op on the part: `t[0].mul_(2.0)`
+            doubled = f"({{g}} * 1.5) * 2.0 - {kept}"
+            op = Op(
+                f"{a.name} * 1.5",
+                a.shape,
+                [a],
+                lambda g, o, xs: [doubled.format(g=g)],
+                after=[f"{{t}}[{index}].mul_(2.0)"],
+            )
+            self.add_node(op, named=True)
+            return
         if b is None or r.coin():
             stored, operands = r.choice(["0.0", "torch.zeros(())"]), [a]
 

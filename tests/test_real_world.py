@@ -544,6 +544,29 @@ CASES = [
         ),
     ),
     Case(
+        "inplace_op_on_a_row_of_a_temporary",
+        """
+        import torch
+
+        def double_first_row(x: torch.Tensor, k: int = 1):
+            t = x * 1.0
+            t[0].mul_(2.0)
+            t[-k:, ::2].clamp_(min=0.0)
+            def backward(g):
+                m = torch.ones_like(g)
+                m[0] = 2.0
+                m[-k:, ::2] = m[-k:, ::2] * (t[-k:, ::2] > 0)
+                return g * m, None
+            return t, backward
+        """,
+        "double_first_row",
+        lambda: ([r(3, 4)], {}),
+        generated=(
+            "t = _setitem(t, 0, t[0].mul(2.0))",
+            "t = _setitem(t, (slice(-k, None), slice(None, None, 2)), t[-k:, ::2].clamp(min=0.0))",
+        ),
+    ),
+    Case(
         "augmented_item_store_in_a_loop",
         """
         import torch
