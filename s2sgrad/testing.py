@@ -14,12 +14,13 @@ example inputs for in `S2SGRAD_EXAMPLES`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import inspect
 import linecache
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,8 @@ class _Rule:
 
     def check_backward(self, seed: int) -> list[Mismatch]:
         args, kwargs, leaves = self.fresh()
-        result, backward = _split(self.fn(*args, **kwargs))
+        with _same_random_numbers(seed):
+            result, backward = _split(self.fn(*args, **kwargs))
         self.backward = backward
         outputs = _tensors(result)
         weights = _weights(outputs, seed)
@@ -202,9 +204,12 @@ class _Rule:
     def check_op(self, op: Callable[..., Any], order: int, seed: int) -> list[Mismatch]:
         found: list[Mismatch] = []
         args, kwargs, leaves = self.fresh()
-        mine = _orders(op(*args, **kwargs), [t for _, t in leaves], order, seed)
+        with _same_random_numbers(seed):
+            returned = op(*args, **kwargs)
+        mine = _orders(returned, [t for _, t in leaves], order, seed)
         args, kwargs, leaves = self.fresh()
-        result, _ = _split(self.fn(*args, **kwargs))
+        with _same_random_numbers(seed):
+            result, _ = _split(self.fn(*args, **kwargs))
         oracle = _orders(result, [t for _, t in leaves], order, seed)
         for k, (got, want) in enumerate(zip(mine, oracle, strict=True), start=1):
             for (name, tensor), g, w in zip(leaves, got, want, strict=True):
@@ -335,6 +340,16 @@ class _Returns:
             text = linecache.getline(inspect.getsourcefile(self.fn) or "", line).strip()
             spots.append(f"{self.path}:{at} (`{text}`)")
         return ", or ".join(spots)
+
+
+@contextlib.contextmanager
+def _same_random_numbers(seed: int) -> Iterator[None]:
+    """Run a forward from the same random state each time, and leave the caller's
+    state as it was: a forward that draws random numbers (dropout's mask) then draws
+    the same ones in the op as in the closure."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        yield
 
 
 def _backward_defs(outer: cst.FunctionDef) -> list[cst.FunctionDef]:

@@ -140,3 +140,15 @@ def total(xs: list[torch.Tensor]):
     def backward(grad):
         return (grad for _ in xs)
     return torch.stack(xs).sum(0), backward
+
+
+def dropout(x: torch.Tensor, p: float):
+    """Draws its mask in forward: the op and the closure must draw the same one."""
+    mask = torch.empty_like(x)
+    mask.bernoulli_(1.0 - p)
+    scale = 1.0 / (1.0 - p)
+
+    def backward(grad):
+        return grad * mask * scale, None
+
+    return x * mask * scale, backward

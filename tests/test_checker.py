@@ -51,6 +51,16 @@ def test_quiet_on_right_rules_with_lists_several_outputs_and_plain_values():
     check_gradients(rules.bias_unreduced, r(3, 4), r(4))
 
 
+def test_quiet_on_a_forward_that_draws_random_numbers():
+    """The op and the closure each run forward from the same random state, and the
+    caller's random state is left as it was."""
+    torch.manual_seed(5)
+    x = r(6, 7)
+    before = torch.random.get_rng_state()
+    check_gradients(rules.dropout, x, 0.4, order=3)
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
 def test_a_missing_term():
     report = report_of(rules.swiglu_missing_term, r(3, 4), r(4, 5), r(4, 5))
     assert "`swiglu_missing_term`" in report and "checker_rules.py:" in report

@@ -120,3 +120,22 @@ def test_variadic_python_functions_take_tensors_one_by_one():
     assert opfacts.variadic("torch.einsum")
     assert opfacts.variadic("torch.meshgrid")
     assert not opfacts.variadic("torch.stack")
+
+
+@pytest.mark.parametrize(
+    "qualified",
+    [
+        "torch._C._nn.adaptive_avg_pool2d",
+        "torch._C._VariableFunctions.cat",
+        "torch._C._linalg.linalg_vector_norm",
+        "torch._C._special.special_erfcx",
+        "torch._C._fft.fft_rfft",
+    ],
+)
+def test_the_C_namespaces_hold_the_aten_operators_of_their_names(qualified):
+    """What `torch.nn.functional` and `torch.linalg` wrap is looked up as the same op,
+    and the name really is that Python function."""
+    module, _, name = qualified.rpartition(".")
+    assert callable(getattr(eval(module, {"torch": torch}), name))
+    assert opfacts.aten_name(qualified) == name
+    assert opfacts.signatures(qualified)

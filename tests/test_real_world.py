@@ -211,6 +211,67 @@ CASES = [
         lambda: ([r(2, 3), r(3), r(2, 1)], {"value": 0.5}),
     ),
     Case(
+        "module_level_aliases_of_torch_namespaces",
+        """
+        import torch
+
+        aten = torch.ops.aten
+        F = torch.nn.functional
+
+        def slice_rows(self, dim: int = 0, start: int = 0, end: int = 9, step: int = 1):
+            result = aten.slice(self, dim, start, end, step)
+            def backward(grad_output):
+                grad_self = aten.slice_backward(
+                    grad_output, self.size(), dim, start, end, step
+                )
+                return grad_self, None, None, None, None
+            return result, backward
+
+        def softplus_scaled(x: torch.Tensor, beta: float):
+            y = F.softplus(x * beta) / beta
+            s = torch.sigmoid(x * beta)
+            def backward(g):
+                return g * s, None
+            return y, backward
+        """,
+        "slice_rows",
+        lambda: ([r(5, 3), 0, 1, 4, 2], {}),
+        generated=("aten.slice(",),
+    ),
+    Case(
+        "alias_whose_temporary_is_promoted",
+        """
+        import torch
+
+        F = torch.nn.functional
+
+        def softplus_scaled(x: torch.Tensor, beta: float):
+            y = F.softplus(x * beta) / beta
+            s = torch.sigmoid(x * beta)
+            def backward(g):
+                return g * s, None
+            return y, backward
+        """,
+        "softplus_scaled",
+        lambda: ([r(3, 4), 1.5], {}),
+    ),
+    Case(
+        "calls_through_torch_C_namespaces",
+        """
+        from typing import List
+
+        import torch
+
+        def adaptive_avg_pool2d(self, output_size: List[int]):
+            def backward(grad_output):
+                grad_self = torch.ops.aten._adaptive_avg_pool2d_backward(grad_output, self)
+                return grad_self, None
+            return torch._C._nn.adaptive_avg_pool2d(self, output_size), backward
+        """,
+        "adaptive_avg_pool2d",
+        lambda: ([r(1, 2, 4, 4), [2, 2]], {}),
+    ),
+    Case(
         "unrolled_list_of_temporaries",
         """
         import torch

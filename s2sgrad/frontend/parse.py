@@ -262,8 +262,8 @@ def _parse_module(
     analysis = ScopeAnalysis(
         scopes, wrapper.resolve(ParentNodeProvider), positions, loc
     )
-    qualified = _qualified_names(wrapper)
     global_scope = next(s for s in scopes.values() if isinstance(s, GlobalScope))
+    qualified = _qualified_names(wrapper, global_scope)
     records: list[Differentiator] = []
     names = frozenset(stmt.name.value for stmt, _ in pending)
     flat = frozenset(stmt.name.value for stmt, _ in pending if _returns_flat(stmt))
@@ -465,6 +465,8 @@ def _bound_names(stmt: cst.BaseStatement) -> list[str] | None:
         return [stmt.name.value]
     if not isinstance(stmt, cst.SimpleStatementLine):
         return None
+    if _alias_of(stmt) is not None:
+        return None  # kept whole: its value's qualified name names the alias
     names: list[str] = []
     for small in stmt.body:
         if isinstance(small, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
@@ -491,17 +493,51 @@ def _bound(scope: GlobalScope) -> frozenset[str]:
     return frozenset(a.name for a in scope.assignments)
 
 
-def _qualified_names(wrapper: MetadataWrapper) -> dict[cst.CSTNode, str]:
+def _alias_of(stmt: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
+    """`(name, value)` for a module-level alias of an imported name,
+    `aten = torch.ops.aten` or `F = torch.nn.functional`; None for other statements."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    small = stmt.body[0]
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+        return None
+    target, value = small.targets[0].target, small.value
+    if not isinstance(target, cst.Name) or not isinstance(value, cst.Attribute):
+        return None
+    return target.value, value
+
+
+def _qualified_names(
+    wrapper: MetadataWrapper, scope: GlobalScope
+) -> dict[cst.CSTNode, str]:
     resolved = wrapper.resolve(QualifiedNameProvider)
+
+    def names_of(node: cst.CSTNode) -> list[str]:
+        found = resolved.get(node, ())
+        value = found() if callable(found) else found
+        # Names through a function's locals (`f.<locals>.x.exp`) say nothing about
+        # which library function runs; only module-level ones are kept.
+        return sorted(q.name for q in value if "<locals>" not in q.name)
+
+    # A module-level name bound once to an imported attribute stands for it:
+    # `aten.slice` is `torch.ops.aten.slice` after `aten = torch.ops.aten`.
+    aliases: dict[str, str] = {}
+    for stmt in wrapper.module.body:
+        alias = _alias_of(stmt)
+        if alias is None or len(scope.assignments[alias[0]]) != 1:
+            continue
+        target = names_of(alias[1])
+        if len(target) == 1:
+            head, _, rest = target[0].partition(".")
+            head = aliases.get(head, head)
+            aliases[alias[0]] = f"{head}.{rest}" if rest else head
     out: dict[cst.CSTNode, str] = {}
-    for node, names in resolved.items():
+    for node in resolved:
         if isinstance(node, (cst.Name, cst.Attribute)):
-            value = names() if callable(names) else names
-            # Names through a function's locals (`f.<locals>.x.exp`) say nothing about
-            # which library function runs; only module-level ones are kept.
-            known = sorted(q.name for q in value if "<locals>" not in q.name)
+            known = names_of(node)
             if known:
-                out[node] = known[0]
+                head, dot, rest = known[0].partition(".")
+                out[node] = aliases.get(head, head) + dot + rest
     return out
 
 

@@ -31,6 +31,11 @@ _NAMESPACES = {
     "torch.linalg.": "linalg_",
     "torch.special.": "special_",
     "torch.fft.": "fft_",
+    "torch._C._VariableFunctions.": "",
+    "torch._C._nn.": "",
+    "torch._C._linalg.": "",
+    "torch._C._special.": "",
+    "torch._C._fft.": "",
     "torch.": "",
 }
 
