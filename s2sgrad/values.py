@@ -839,6 +839,10 @@ class Evaluator:
                 if s.accepts(len(positional), set(keywords))
                 and _arguments_fit(s, positional, keywords)
             ]
+            if keywords and not any(s.knows(set(keywords)) for s in signatures):
+                # A keyword that only Python's binding knows (`torch.nonzero(x,
+                # as_tuple=True)` gives a tuple of tensors): what comes back is unknown.
+                return top(diff)
             if fitting:
                 # TorchScript's generic overloads (`add.t(t[] a, t[] b)`) fit anything:
                 # the ones that name the kinds given win, as Python's binding picks.

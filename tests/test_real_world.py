@@ -272,6 +272,40 @@ CASES = [
         lambda: ([r(1, 2, 4, 4), [2, 2]], {}),
     ),
     Case(
+        "nonzero_as_tuple_captured_by_backward",
+        """
+        import torch
+
+        def positive_part(x: torch.Tensor):
+            nz = torch.nonzero(x > 0, as_tuple=True)
+            y = x[nz]
+            def backward(g):
+                gx = torch.zeros_like(x)
+                gx[nz] = g
+                return gx
+            return y, backward
+        """,
+        "positive_part",
+        lambda: ([r(3, 4)], {}),
+    ),
+    Case(
+        "numpy_keyword_spellings",
+        """
+        import torch
+
+        def centered(x: torch.Tensor):
+            m = x.mean(axis=-1, keepdims=True)
+            y = torch.sum((x - m) ** 2, axis=0)
+            def backward(g):
+                xc = x - m
+                gc = 2 * g * xc
+                return gc - gc.mean(axis=-1, keepdims=True)
+            return y, backward
+        """,
+        "centered",
+        lambda: ([r(3, 4)], {}),
+    ),
+    Case(
         "unrolled_list_of_temporaries",
         """
         import torch

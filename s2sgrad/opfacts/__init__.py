@@ -90,6 +90,10 @@ class Signature:
     #: The field names of a named-tuple result (`values`, `indices`), else empty.
     fields: tuple[str, ...] = ()
 
+    def knows(self, keywords: set[str]) -> bool:
+        """Tell whether every keyword names a parameter of this overload."""
+        return {_alias(k) for k in keywords} <= {_alias(p.name) for p in self.params}
+
     def accepts(self, positional: int, keywords: set[str]) -> bool:
         """Tell whether a call with that many positional arguments and these keywords
         binds to this overload (`self`/`input` are one name: Python spells it either).
@@ -112,8 +116,13 @@ class Signature:
         return not missing
 
 
+#: Keyword spellings Python's argument parser takes for a schema's parameter: `input`
+#: for `self`, and NumPy's names (`x.sum(axis=0, keepdims=True)`).
+_SPELLINGS = {"input": "self", "axis": "dim", "keepdims": "keepdim"}
+
+
 def _alias(name: str) -> str:
-    return "self" if name == "input" else name
+    return _SPELLINGS.get(name, name)
 
 
 def _parse(text: str) -> Signature:
