@@ -839,7 +839,7 @@ class Evaluator:
                 if s.accepts(len(positional), set(keywords))
                 and _arguments_fit(s, positional, keywords)
             ]
-            if keywords and not any(s.knows(set(keywords)) for s in signatures):
+            if keywords and not opfacts.keywords_known(qualified, set(keywords)):
                 # A keyword that only Python's binding knows (`torch.nonzero(x,
                 # as_tuple=True)` gives a tuple of tensors): what comes back is unknown.
                 return top(diff)

@@ -139,3 +139,27 @@ def test_the_C_namespaces_hold_the_aten_operators_of_their_names(qualified):
     assert callable(getattr(eval(module, {"torch": torch}), name))
     assert opfacts.aten_name(qualified) == name
     assert opfacts.signatures(qualified)
+
+
+@pytest.mark.parametrize(
+    "qualified,keywords,known",
+    [
+        ("torch.nonzero", {"as_tuple"}, False),  # Python's binding returns a tuple
+        ("torch.Tensor.nonzero", {"as_tuple"}, False),
+        ("torch.tensordot", {"dims"}, True),  # written in Python: its own keywords
+        ("torch.Tensor.unique", {"return_inverse"}, True),
+        ("torch.sum", {"axis", "keepdims"}, True),  # NumPy's spellings
+        ("torch.softmax", {"dim", "dtype"}, True),
+    ],
+)
+def test_keywords_a_call_binds(qualified, keywords, known):
+    assert opfacts.keywords_known(qualified, keywords) is known
+
+
+def test_python_functions_are_the_wrappers():
+    import types
+
+    assert isinstance(torch.tensordot, types.FunctionType)
+    assert "torch.tensordot" in table.WRAPPERS
+    assert not isinstance(torch.nonzero, types.FunctionType)
+    assert "torch.nonzero" not in table.WRAPPERS

@@ -306,6 +306,24 @@ CASES = [
         lambda: ([r(3, 4)], {}),
     ),
     Case(
+        "keywords_of_functions_written_in_python",
+        """
+        import torch
+
+        def contract(a: torch.Tensor, b: torch.Tensor, labels: torch.Tensor):
+            y = torch.tensordot(a, b, dims=([1], [0]))
+            uniq, inverse = labels.unique(return_inverse=True)
+            pooled = torch.zeros(uniq.shape[0], y.shape[1], dtype=y.dtype)
+            pooled = pooled.index_add(0, inverse, y)
+            def backward(g):
+                gy = g[inverse]
+                return gy @ b.t(), a.t() @ gy, None
+            return pooled, backward
+        """,
+        "contract",
+        lambda: ([r(5, 2), r(2, 3), torch.tensor([2, 0, 2, 1, 0])], {}),
+    ),
+    Case(
         "unrolled_list_of_temporaries",
         """
         import torch

@@ -195,6 +195,16 @@ def no_gradient(qualified: str) -> bool:
     return _base(qualified) in table.NOGRAD
 
 
+def keywords_known(qualified: str, keywords: set[str]) -> bool:
+    """Tell whether a call's keywords bind as s2sgrad reads the call: to a parameter of
+    one of its overloads, or to a function written in Python (whose own signature
+    takes them). A builtin given a keyword no schema has (`torch.nonzero(x,
+    as_tuple=True)`) returns what its Python binding makes of it."""
+    if qualified in table.WRAPPERS:
+        return True
+    return any(s.knows(keywords) for s in signatures(qualified))
+
+
 def variadic(qualified: str) -> bool:
     """Tell whether a Python function takes its tensors as `*tensors`."""
     return qualified in table.VARIADIC

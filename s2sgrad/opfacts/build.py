@@ -541,6 +541,18 @@ def _variadic() -> list[str]:
     return found
 
 
+def _wrappers() -> list[str]:
+    """The functions of the namespaces written in Python (`torch.tensordot`,
+    `torch.Tensor.unique`): they take keywords of their own, not their schema's."""
+    found = []
+    for prefix, (namespace, _) in NAMESPACES.items():
+        for name in sorted(dir(namespace)):
+            function = getattr(namespace, name, None)
+            if not name.startswith("_") and isinstance(function, types.FunctionType):
+                found.append(f"{prefix}.{name}")
+    return found
+
+
 def _python_random(python: dict[str, str], flags: dict[str, set[str]]) -> list[str]:
     """Python functions with their own entry (no aten operator of their name) whose
     code calls an operator that draws random numbers (`F.gumbel_softmax` calls
@@ -661,6 +673,13 @@ def render() -> str:
     out.append("#: `torch.meshgrid`): one tensor there is one of them, not a list.")
     out.append("VARIADIC: frozenset[str] = frozenset({")
     out.append(_lines(repr(n) + "," for n in _variadic()).rstrip("\n"))
+    out.append("})")
+    out.append("")
+    out.append(
+        "#: Functions written in Python: their keywords are their own, not a schema's."
+    )
+    out.append("WRAPPERS: frozenset[str] = frozenset({")
+    out.append(_lines(repr(n) + "," for n in _wrappers()).rstrip("\n"))
     out.append("})")
     twins = _out_of_place(flags, aten)
     out.append("")
