@@ -461,6 +461,9 @@ class Evaluator:
         self.depth = depth
         #: The join of the values `return` statements give (inside a helper).
         self.returned = BOTTOM
+        #: Functions defined in the body evaluated here (`def act(t): ...`, `act =
+        #: lambda t: ...`), by the name that holds each while it is not rebound.
+        self.local_functions: dict[str, cst.FunctionDef | cst.Lambda] = {}
 
     # -- expressions ---------------------------------------------------------------
     def expr(self, node: cst.BaseExpression) -> Value:
@@ -708,6 +711,8 @@ class Evaluator:
         # libcst names `torch.ones(...).tril` "torch.ones.tril": only a dotted name
         # is a module's function; anything else is a method of the receiver.
         qualified = self.qualified.get(func, "") if dotted(func) else ""
+        if isinstance(func, cst.Name) and func.value in self.local_functions:
+            return self._local_call(self.local_functions[func.value], node, args)
         if isinstance(func, cst.Name) and func.value not in self.env:
             if func.value in self.siblings:
                 return tuple_of([self.siblings[func.value], OBJECT])
@@ -729,7 +734,35 @@ class Evaluator:
             return self._method(func.attr.value, receiver, node, args)
         return top(diff)
 
-    def _helper(self, helper: Helper, node: cst.Call, args: list[Value]) -> Value:
+    def _local_call(
+        self, function: cst.FunctionDef | cst.Lambda, node: cst.Call, args: list[Value]
+    ) -> Value:
+        """What a function defined in this body returns: its body evaluated over the
+        enclosing values (it reads them at call time) and its parameters."""
+        helper = Helper(
+            "<local>",
+            cst.FunctionDef(
+                cst.Name("_"),
+                function.params,
+                (
+                    cst.IndentedBlock(
+                        [cst.SimpleStatementLine([cst.Return(function.body)])]
+                    )
+                    if isinstance(function, cst.Lambda)
+                    else function.body
+                ),
+            ),
+            self.qualified,
+        )
+        return self._helper(helper, node, args, dict(self.env))
+
+    def _helper(
+        self,
+        helper: Helper,
+        node: cst.Call,
+        args: list[Value],
+        enclosing: dict[str, Value] | None = None,
+    ) -> Value:
         """What a module-level helper returns for these arguments, from its body."""
         diff = any(a.diff for a in args)
         if self.depth >= _HELPER_DEPTH or any(a.star for a in node.args):
@@ -739,7 +772,7 @@ class Evaluator:
             return top(diff)  # `*args`, `**kwargs` (a bare `*` only marks keywords)
         ordered = [*params.posonly_params, *params.params, *params.kwonly_params]
         inner = Evaluator(helper.qualified_names, {}, self.facts, self.depth + 1)
-        env: dict[str, Value] = {}
+        env: dict[str, Value] = dict(enclosing or {})
         for param in ordered:
             if param.default is not None:
                 env[param.name.value] = inner.expr(param.default)
@@ -907,6 +940,8 @@ class Evaluator:
                 self.run(statements(node.orelse.body))
         elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             self.env[node.name.value] = OBJECT
+            if isinstance(node, cst.FunctionDef) and not node.decorators:
+                self.local_functions[node.name.value] = node
         elif isinstance(node, cst.With):
             for item in node.items:
                 value = self.expr(item.item)
@@ -1022,6 +1057,9 @@ class Evaluator:
     ) -> None:
         if isinstance(target, cst.Name):
             self.env[target.value] = value
+            self.local_functions.pop(target.value, None)
+            if isinstance(source, cst.Lambda):
+                self.local_functions[target.value] = source
         elif isinstance(target, (cst.Tuple, cst.List)):
             elements = target.elements
             starred = any(isinstance(e, cst.StarredElement) for e in elements)

@@ -324,6 +324,41 @@ CASES = [
         lambda: ([r(5, 2), r(2, 3), torch.tensor([2, 0, 2, 1, 0])], {}),
     ),
     Case(
+        "function_defined_in_forward",
+        """
+        import torch
+
+        def gated(x: torch.Tensor, w: torch.Tensor):
+            def act(t):
+                return t * torch.sigmoid(t * w)
+            y = act(x)
+            z = y * y
+            def backward(g):
+                s = torch.sigmoid(x * w)
+                dy = s + x * w * s * (1 - s)
+                gw = (2 * g * y * x * x * s * (1 - s)).sum_to_size(w.shape)
+                return 2 * g * y * dy, gw
+            return z, backward
+        """,
+        "gated",
+        lambda: ([r(3, 4), r(4)], {}),
+    ),
+    Case(
+        "lambda_defined_in_forward",
+        """
+        import torch
+
+        def doubled_tanh(x: torch.Tensor):
+            act = lambda t: torch.tanh(t) * 2.0
+            y = act(x)
+            def backward(g):
+                return g * 2.0 * (1 - torch.tanh(x) ** 2)
+            return y, backward
+        """,
+        "doubled_tanh",
+        lambda: ([r(3, 4)], {}),
+    ),
+    Case(
         "unrolled_list_of_temporaries",
         """
         import torch
