@@ -1458,6 +1458,11 @@ def build(
     b.lines = [line for line in b.lines if not re.fullmatch(r"(\w+) = \1", line)]  # `a = a`
     b.unpack()
     src = [f"def {name}({b.signature()}):"]
+    if b.helpers and r.coin(0.3):
+        # The helpers defined inside forward itself, not at module level.
+        for helper in sorted(b.helpers):
+            src += ["    " + line for line in HELPERS[helper][0].splitlines()]
+        b.helpers = set()
     src += ["    " + line for line in b.lines]
     src.append(f"    def backward({', '.join(grad_names)}):")
     src += ["        " + line for line in body]
@@ -1505,7 +1510,14 @@ def programs(draw: st.DrawFn) -> Program:
     helpers = sorted(b.helpers | (ib.helpers if inner is not None else set()))
     if helpers:
         source = source.replace("\n\n\n", "\n\n\n" + "\n\n".join(HELPERS[h][0] for h in helpers) + "\n\n", 1)
-    if inner is not None or helpers:
+    aliased = r.coin(0.25)
+    if aliased:
+        # Module-level aliases, as PyTorch's own decompositions write them.
+        source = source.replace("torch.nn.functional.", "F.").replace("torch.ops.aten.", "aten.")
+        source = source.replace(
+            "import torch\n", "import torch\n\nF = torch.nn.functional\naten = torch.ops.aten\n", 1
+        )
+    if inner is not None or helpers or aliased:
         digest = hashlib.sha1(source.encode()).hexdigest()[:16]
         module_name = f"s2sgrad_hypothesis_{digest}"
     loss_outputs = [i for i in range(n_out) if r.coin(0.7)] or [r.int(0, n_out - 1)]
