@@ -6,11 +6,15 @@ Pure: reads no files and no environment. The CLI and the import hook both call
 
 from __future__ import annotations
 
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
 from s2sgrad.autodiff.plan import differentiate, module_facts
 from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import generate
 from s2sgrad.diagnostics import Diagnostic, TransformError
-from s2sgrad.frontend import ParsedModule, parse
+from s2sgrad.frontend import ParsedModule, checks, parse
+from s2sgrad.frontend.locate import Locator
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.header import Origin
 from s2sgrad.inplace import out_of_place
@@ -41,20 +45,7 @@ def analyse(
     """
     parsed = parse(source, origin.display_path)
     if not parsed.differentiators:
-        raise TransformError(
-            [
-                Diagnostic(
-                    "S2S003",
-                    "no differentiators found",
-                    origin.display_path,
-                    1,
-                    1,
-                    "",
-                    "a differentiator ends with `return result, backward` where "
-                    "backward is a nested def",
-                ),
-            ]
-        )
+        raise TransformError([_none_found(parsed, origin.display_path)])
     siblings, facts = module_facts(parsed)
     judged = _judge_forward(parsed, facts, origin.display_path, options.policy)
     records = [
@@ -109,3 +100,30 @@ def _judge_forward(
     if found:
         raise TransformError(sorted(found, key=lambda d: (d.line, d.column)))
     return judged
+
+
+def _none_found(parsed: ParsedModule, path: str) -> Diagnostic:
+    """S2S003 for a module without differentiators; at a method that is shaped like
+    one, if a class holds such a method (s2sgrad converts module-level functions)."""
+    hint = (
+        "a differentiator ends with `return result, backward` where backward is a "
+        "nested def"
+    )
+    for stmt in parsed.module.body:
+        if not isinstance(stmt, cst.ClassDef):
+            continue
+        for method in stmt.body.body:
+            if isinstance(method, cst.FunctionDef) and checks.backward_name(method):
+                positions = MetadataWrapper(parsed.module, unsafe_skip_copy=True)
+                where = positions.resolve(PositionProvider)[method.name].start
+                locator = Locator(path, parsed.source, {})
+                return locator.at(
+                    "S2S003",
+                    where.line,
+                    where.column + 1,
+                    "no differentiators found",
+                    f"`{stmt.name.value}.{method.name.value}` is a method: s2sgrad "
+                    "converts module-level functions; define it at module level "
+                    "(a class may still call it)",
+                )
+    return Diagnostic("S2S003", "no differentiators found", path, 1, 1, "", hint)
