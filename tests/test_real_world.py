@@ -1497,7 +1497,9 @@ def test_a_number_where_an_unannotated_parameter_takes_a_gradient() -> None:
             return y, backward
         """)
     op = _converted(source, "scaled_square", "promote")["scaled_square"]
-    with pytest.raises(TypeError, match=r"`s` as a tensor; got 2\.0\. .*Tensor \| float"):
+    with pytest.raises(
+        TypeError, match=r"`s` as a tensor; got 2\.0\. .*Tensor \| float"
+    ):
         op(r(2, 3), 2.0)
     annotated = source.replace("(x, s)", "(x, s: torch.Tensor | float)")
     module: dict[str, Any] = {}
@@ -1514,3 +1516,32 @@ def test_a_number_where_an_unannotated_parameter_takes_a_gradient() -> None:
             else:
                 for a, b in zip(found, first + second, strict=True):
                     torch.testing.assert_close(a, b)
+
+
+RECOMPUTE_WITH_AUTOGRAD = """
+import torch
+
+
+def sin_x(x: torch.Tensor):
+    def backward(g):
+        with torch.enable_grad():
+            leaf = x.detach().requires_grad_()
+            y = torch.sin(leaf) * leaf
+            (gx,) = torch.autograd.grad(y, leaf, g)
+        return gx
+    return torch.sin(x) * x, backward
+"""
+
+
+def test_a_backward_that_differentiates_a_detached_copy() -> None:
+    """`x.detach().requires_grad_()` sets a flag of the new tensor, not of `x`: the
+    checkpoint-style backward converts and is right at first order (a second order
+    is not differentiable as written, which `check_gradients` reports)."""
+    g = torch.randn(2, 3, dtype=F64)
+    _first_order_matches(RECOMPUTE_WITH_AUTOGRAD, "sin_x", r(2, 3), g, "promote")
+    mutating = RECOMPUTE_WITH_AUTOGRAD.replace(
+        "x.detach().requires_grad_()", "x.requires_grad_()"
+    )
+    with pytest.raises(TransformError) as caught:
+        transform(mutating, "sin_x.py")
+    assert [d.code for d in caught.value.diagnostics] == ["S2S103"]

@@ -552,7 +552,10 @@ class _MutationFinder(cst.CSTVisitor):
         positional = [a for a in node.args if a.keyword is None and not a.star]
         if isinstance(func, cst.Attribute):
             attr = func.attr.value
-            if attr.endswith("_") and not attr.startswith("_"):
+            if attr == "requires_grad_" and not isinstance(func.value, cst.Name):
+                # A flag of the new tensor object `x.detach()` makes, not of `x`.
+                pass
+            elif attr.endswith("_") and not attr.startswith("_"):
                 if _base_name(func.value) in self.imported:
                     # `torch.relu_(t)`, `nn.init.zeros_(w)`: the first argument.
                     if positional:
