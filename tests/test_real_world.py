@@ -216,7 +216,6 @@ CASES = [
         import torch
 
         aten = torch.ops.aten
-        F = torch.nn.functional
 
         def slice_rows(self, dim: int = 0, start: int = 0, end: int = 9, step: int = 1):
             result = aten.slice(self, dim, start, end, step)
@@ -226,13 +225,6 @@ CASES = [
                 )
                 return grad_self, None, None, None, None
             return result, backward
-
-        def softplus_scaled(x: torch.Tensor, beta: float):
-            y = F.softplus(x * beta) / beta
-            s = torch.sigmoid(x * beta)
-            def backward(g):
-                return g * s, None
-            return y, backward
         """,
         "slice_rows",
         lambda: ([r(5, 3), 0, 1, 4, 2], {}),
