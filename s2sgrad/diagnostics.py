@@ -45,6 +45,8 @@ CODES: dict[str, str] = {
     "S2S127": "a differentiator with flat outputs called by another",
     "S2S128": "backward reads an output that torch does not differentiate",
     "S2S129": "forward binds values where reverse mode does not follow",
+    "S2S130": "a parameter that takes a gradient holds tensors in a container "
+    "other than a list or tuple of them",
 }
 
 

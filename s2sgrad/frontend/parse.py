@@ -576,6 +576,7 @@ def _build(
     returns = [n for n in walk.inside(backward) if isinstance(n, cst.Return)]
     params = _params(forward, returns)
     pragmas, problems = _pragmas([n for n in nodes if isinstance(n, cst.Comment)], loc)
+    problems += _unflattened_containers(params, loc)
     if problems:
         return None, problems
     first = loc.line_of(forward)
@@ -659,6 +660,44 @@ def _params(forward: cst.FunctionDef, returns: list[cst.Return]) -> tuple[Param,
         )
         for i, (param, kw) in enumerate(ordered)
     )
+
+
+def _unflattened_containers(
+    params: tuple[Param, ...], loc: Locator
+) -> list[Diagnostic]:
+    """S2S130 for a parameter that takes a gradient and whose annotation says it may
+    be a container of tensors other than a list or tuple of them (`Optional[List[
+    Tensor]]`, `Dict[str, Tensor]`): the Function would take it as one opaque input,
+    and its tensors would silently get no gradient."""
+    from s2sgrad.values import NONE, SEQ, param_value
+
+    found = []
+    for param in params:
+        annotation = param.node.annotation
+        if annotation is None or not param.gets_gradient:
+            continue
+        value = param_value(param)
+        if SEQ not in value.kinds or not value.holds_tensor or value.tensor_list:
+            continue
+        if value.kinds == {SEQ, NONE}:
+            what = "may be None or a container of tensors"
+        elif value.kinds != {SEQ}:
+            what = "may be a container of tensors or another value"
+        else:
+            what = f"is a {value.form or 'container'} holding tensors"
+        found.append(
+            loc.error(
+                "S2S130",
+                annotation.annotation,
+                f"`{param.name}` takes a gradient and {what}: s2sgrad hands the "
+                "Function a parameter's tensors one by one only when it is always a "
+                "list or tuple of tensors, and the tensors of any other value would "
+                "get no gradient",
+                f"annotate it `{param.name}: list[torch.Tensor]` (an empty list "
+                "for none), or pass the tensors as parameters of their own",
+            )
+        )
+    return found
 
 
 def _gradient_slots(returns: list[cst.Return], n: int) -> list[bool]:
