@@ -253,11 +253,13 @@ def param_value(param: Param) -> Value:
     a default it is a tensor when backward may return a gradient for it.
     """
     annotation = param.node.annotation
+    default = param.node.default
     if annotation is not None:
         value = annotation_value(annotation.annotation)
+        if default is not None and m.matches(default, m.Name("None")):
+            value = value.join(NONE_VALUE)  # `xs: List[Tensor] = None`: Optional
         if value.kinds != _ALL:
             return _differentiable(value, param.gets_gradient)
-    default = param.node.default
     if default is not None and m.matches(default, m.Name("None")):
         # `bias=None`: None, or what the caller passes instead: a tensor (it takes a
         # gradient) or a number; anything at all where it takes none.
