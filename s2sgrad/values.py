@@ -259,16 +259,25 @@ def param_value(param: Param) -> Value:
         if default is not None and m.matches(default, m.Name("None")):
             value = value.join(NONE_VALUE)  # `xs: List[Tensor] = None`: Optional
         if value.kinds != _ALL:
-            return _differentiable(value, param.gets_gradient)
+            return _differentiable(_tensor_too(value, param), param.gets_gradient)
     if default is not None and m.matches(default, m.Name("None")):
         # `bias=None`: None, or what the caller passes instead: a tensor (it takes a
         # gradient) or a number; anything at all where it takes none.
         return MAYBE_TENSOR_OR_NONE if param.gets_gradient else UNKNOWN
     if default is not None and _is_literal(default):
-        return Evaluator({}, {}).expr(default)
+        return _tensor_too(Evaluator({}, {}).expr(default), param)
     if param.gets_gradient:
         return DIFF  # as TorchScript reads an unannotated parameter: a tensor
     return UNKNOWN
+
+
+def _tensor_too(value: Value, param: Param) -> Value:
+    """A number parameter that backward returns a gradient for (`alpha: float`, or
+    `alpha=1.0`) may be given a tensor that wants that gradient: it is a tensor or a
+    number, decided at run time, as `alpha: torch.Tensor | float` is."""
+    if param.gets_gradient and NUMBER in value.kinds and not value.holds_tensor:
+        return value.join(Value(frozenset({TENSOR})))
+    return value
 
 
 def _differentiable(value: Value, diff: bool) -> Value:

@@ -351,6 +351,34 @@ CASES = [
         lambda: ([r(3, 4)], {}),
     ),
     Case(
+        "float_annotated_parameter_given_a_tensor",
+        """
+        import torch
+
+        def scaled(x: torch.Tensor, alpha: float, beta=2.0):
+            y = x * alpha + beta
+            def backward(g):
+                return g * alpha, (g * x).sum(), g.sum()
+            return y, backward
+        """,
+        "scaled",
+        lambda: ([r(3, 4), r(), r()], {}),
+    ),
+    Case(
+        "float_annotated_parameter_given_a_number",
+        """
+        import torch
+
+        def scaled(x: torch.Tensor, alpha: float, beta=2.0):
+            y = x * alpha + beta
+            def backward(g):
+                return g * alpha, (g * x).sum(), g.sum()
+            return y, backward
+        """,
+        "scaled",
+        lambda: ([r(3, 4), 0.5], {"beta": 1.5}),
+    ),
+    Case(
         "unrolled_list_of_temporaries",
         """
         import torch
