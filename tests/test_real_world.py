@@ -379,6 +379,22 @@ CASES = [
         lambda: ([r(3, 4), 0.5], {"beta": 1.5}),
     ),
     Case(
+        "backward_returns_tuple_arithmetic",
+        """
+        import torch
+
+        def scaled(x: torch.Tensor, w: torch.Tensor, k: int, flag: bool, alpha: float):
+            y = x * w * alpha
+            def backward(g):
+                if flag:
+                    return (g * w * alpha,) + (g * x * alpha,) + (None,) * 3
+                return (g * w * alpha, g * x * alpha) + 3 * (None,)
+            return y, backward
+        """,
+        "scaled",
+        lambda: ([r(3, 4), r(4), 2, True, 0.5], {}),
+    ),
+    Case(
         "unrolled_list_of_temporaries",
         """
         import torch

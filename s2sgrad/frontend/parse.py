@@ -153,6 +153,8 @@ def parse(source: str, path: str) -> ParsedModule:
                 )
             ]
         ) from None
+    if _TUPLE_ARITHMETIC.search(source):
+        module = module.visit(_TupleReturns())
     try:
         return _parse_module(module, source, path, tree)
     except Exception as exc:
@@ -161,6 +163,77 @@ def parse(source: str, path: str) -> ParsedModule:
         if not _from_recursion(exc):
             raise
         raise TransformError([too_deep(source, path)]) from None
+
+
+#: `return (grad,) + (None,) * 3` and the like, somewhere in the source.
+_TUPLE_ARITHMETIC = re.compile(r"\breturn\b[^\n]*\)\s*[+*]")
+
+
+class _TupleReturns(cst.CSTTransformer):
+    """Spell `return (grad,) + (None,) * 3`, the idiom of hand-written Functions, as
+    the tuple it makes, `return (grad, None, None, None)`, inside nested functions
+    (backward). Only one-line returns of tuple literals joined by `+` and repeated by
+    an integer literal: lines and every other position stay as they were."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.depth += 1
+
+    def leave_FunctionDef(
+        self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
+    ) -> cst.FunctionDef:
+        self.depth -= 1
+        return updated_node
+
+    def leave_Return(
+        self, original_node: cst.Return, updated_node: cst.Return
+    ) -> cst.Return:
+        value = updated_node.value
+        if self.depth < 2 or not isinstance(value, cst.BinaryOperation):
+            return updated_node
+        if "\n" in cst.Module([]).code_for_node(value):
+            return updated_node
+        elements = _tuple_elements(value)
+        if elements is None:
+            return updated_node
+        last = len(elements) - 1
+        flat = [
+            e.with_changes(
+                comma=(
+                    cst.MaybeSentinel.DEFAULT
+                    if i == last
+                    else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                )
+            )
+            for i, e in enumerate(elements)
+        ]
+        return updated_node.with_changes(
+            value=cst.Tuple(flat, lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        )
+
+
+def _tuple_elements(node: cst.BaseExpression) -> list[cst.Element] | None:
+    """The elements of a tuple made of tuple literals by `+` and `* <int>`."""
+    if isinstance(node, cst.Tuple):
+        elements = [e for e in node.elements if isinstance(e, cst.Element)]
+        return elements if len(elements) == len(node.elements) else None
+    if not isinstance(node, cst.BinaryOperation):
+        return None
+    if isinstance(node.operator, cst.Add):
+        left, right = _tuple_elements(node.left), _tuple_elements(node.right)
+        return None if left is None or right is None else left + right
+    if isinstance(node.operator, cst.Multiply):
+        for items, times in ((node.left, node.right), (node.right, node.left)):
+            repeated = _tuple_elements(items)
+            if repeated is not None and isinstance(times, cst.Integer):
+                count = int(times.value, 0)
+                if 0 <= count <= 64 and all(
+                    m.matches(e.value, m.Name("None")) for e in repeated
+                ):
+                    return repeated * count
+    return None
 
 
 def _returns_flat(forward: cst.FunctionDef) -> bool:
