@@ -32,7 +32,7 @@ from s2sgrad import opfacts
 from s2sgrad.cst import bound_target, dotted
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
-from s2sgrad.lift import aliasing_names
+from s2sgrad.lift import aliasing_names, may_alias_at
 from s2sgrad.lines import line_text, split_lines
 from s2sgrad.values import NUMBER, SETITEM, SETITEM_NAME, TENSOR, Value
 
@@ -64,7 +64,8 @@ def out_of_place(
         assert isinstance(node.target, cst.Name)
         name = node.target.value
         value = values.get(name)
-        if name not in params and name not in aliases and value and value.diff:
+        aliased = may_alias_at(diff, name, node, aliases)
+        if name not in params and not aliased and value and value.diff:
             plain.add(id(node))
     for write in diff.writes:
         value = values.get(write.name)
@@ -137,7 +138,7 @@ def _why_not_store(
         return "an attribute store, a store through a part or view, or a starred index"
     if not any(_store_statement(small, target) for small in _smalls(diff)):
         return "it is not a statement of its own (`t[i] = u = v`, a `del`)"
-    if write.name in aliases:
+    if may_alias_at(diff, write.name, target, aliases):
         return "it may be an input's own tensor, which the caller would see change"
     return shared
 
@@ -215,7 +216,7 @@ def _why_not(
     elif not m.matches(receiver, m.Name(write.name)):
         part = cst.Module([]).code_for_node(receiver)
         return f"it writes into `{part}`, a part or view of it"
-    if write.name in aliases:
+    if may_alias_at(diff, write.name, call, aliases):
         return "it may be an input's own tensor, which the caller would see change"
     return shared
 

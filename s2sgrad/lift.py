@@ -631,6 +631,59 @@ def aliasing_names(diff: Differentiator) -> frozenset[str]:
     return frozenset(found)
 
 
+def may_alias_at(
+    diff: Differentiator, name: str, node: cst.CSTNode, aliases: frozenset[str]
+) -> bool:
+    """Tell whether `name` may hold an existing object (an input's) where forward's
+    `node` runs. `aliases` (from `aliasing_names`) is the answer for the whole
+    function; at a statement of forward's top level it is the binding that reaches it:
+    the nearest one above, when that is a plain top-level assignment (`t = x * 2`
+    makes a new tensor, even if `t = helper(t)` follows)."""
+    if name not in aliases:
+        return False
+    top = next(
+        (i for i, statement in enumerate(diff.statements) if _holds(statement, node)),
+        None,
+    )
+    if top is None or not isinstance(diff.statements[top], cst.SimpleStatementLine):
+        return True  # in a loop, a binding below may reach it too
+    for statement in reversed(diff.statements[:top]):
+        found = [
+            expression
+            for binding in m.findall(
+                statement,
+                m.Assign() | m.AnnAssign() | m.NamedExpr() | m.For() | m.WithItem(),
+            )
+            for target, value in _assignments(binding)
+            for bound, expression in _bindings(target, value)
+            if bound == name
+        ]
+        if found:
+            return (
+                not isinstance(statement, cst.SimpleStatementLine)
+                or len(found) != 1
+                or may_return_self(found[0], diff.qualified_names)
+            )
+    return True
+
+
+def _holds(tree: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """Whether `node` is `tree` or one of its descendants."""
+    finder = _Finder(node)
+    tree.visit(finder)
+    return finder.found
+
+
+class _Finder(cst.CSTVisitor):
+    def __init__(self, node: cst.CSTNode) -> None:
+        self.node = node
+        self.found = False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.found = self.found or node is self.node
+        return not self.found
+
+
 def _assignments(
     node: cst.CSTNode,
 ) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:

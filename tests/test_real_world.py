@@ -395,6 +395,29 @@ CASES = [
         lambda: ([r(3, 4), r(4), 2, True, 0.5], {}),
     ),
     Case(
+        "item_store_before_a_helper_rebinds_the_name",
+        """
+        import torch
+
+        def cube(v):
+            return v * v * v
+
+        def layer(inp: torch.Tensor):
+            t1 = inp * 1.5
+            t1[0:1] = torch.zeros(())
+            t3 = inp - t1
+            t1 = cube(t1)
+            def backward(g1, g2):
+                t1s = inp - t3
+                m = torch.ones_like(inp)
+                m[0:1] = 0
+                return g2 + (g1 * 3 * t1s * t1s - g2) * 1.5 * m
+            return (t1, t3), backward
+        """,
+        "layer",
+        lambda: ([r(3, 2)], {}),
+    ),
+    Case(
         "unrolled_list_of_temporaries",
         """
         import torch
