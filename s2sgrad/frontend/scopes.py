@@ -380,6 +380,8 @@ class ScopeAnalysis:
                 if hit.name not in captured:
                     continue
             elif hit.name not in params:
+                if hit.kind == "container":
+                    continue  # a list or dict forward builds
                 line, column = self._pos(hit.node)
                 writes.append(
                     InPlace(hit.name, hit.node, hit.kind, hit.code, line, column + 1)
@@ -483,10 +485,15 @@ def _describe(hit: _Hit, what: str) -> tuple[str, str]:
             f"use {plain} instead and bind the result to a new name",
         )
     if hit.kind == "container":
+        why = (
+            "backward must not change forward's values"
+            if hit.in_backward
+            else "the caller's list would change with it"
+        )
         return (
             f"`{hit.code}(...)` changes {what} in place",
             f"build a new value instead (`{name}_new = [*{name}, item]`, "
-            f"`{{**{name}, key: value}}`): backward must not change forward's values",
+            f"`{{**{name}, key: value}}`): {why}",
         )
     if hit.kind == "inplace":
         return (
@@ -562,9 +569,9 @@ class _MutationFinder(cst.CSTVisitor):
                         self._hit(node, positional[0].value, "function", _code(func))
                 else:
                     self._hit(node, func.value, "method", _code(func))
-            elif attr in _CONTAINER_MUTATORS and self.depth_in_backward:
+            elif attr in _CONTAINER_MUTATORS:
                 # Building a list in forward is fine (backward sees the final
-                # value, as saved); changing it in backward is not.
+                # value, as saved); changing an input's, or one in backward, is not.
                 self._hit(node, func.value, "container", _code(func))
         for arg in node.args:
             if arg.keyword is None:
