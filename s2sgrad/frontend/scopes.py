@@ -12,7 +12,7 @@ import builtins
 import dataclasses
 import difflib
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 import libcst.matchers as m
@@ -373,9 +373,13 @@ class ScopeAnalysis:
         (they are fine on values that carry no gradient)."""
         captured = {c.name for c in captures}
         params = {p.name.value for p in _all_params(forward)}
+        renamed = _param_names(forward, params)
         found = []
         writes = []
         for hit in hits:
+            if hit.kind == "container" and not hit.in_backward:
+                # `ys = xs; ys.append(y)` changes the input `xs`.
+                hit = replace(hit, name=renamed.get(hit.name, hit.name))
             if hit.in_backward or hit.kind == "del":
                 if hit.name not in captured:
                     continue
@@ -395,6 +399,25 @@ class ScopeAnalysis:
             message, hint = _describe(hit, what)
             found.append(self.loc.error("S2S103", hit.node, message, hint))
         return found, tuple(writes)
+
+
+def _param_names(forward: cst.FunctionDef, params: set[str]) -> dict[str, str]:
+    """The names forward binds to a parameter's object itself (`ys = xs`), each with
+    that parameter."""
+    bound = {
+        (a.targets[0].target.value, a.value.value)
+        for a in m.findall(forward.body, m.Assign(targets=[m.AssignTarget(m.Name())]))
+        if isinstance(a, cst.Assign)
+        and isinstance(a.targets[0].target, cst.Name)
+        and isinstance(a.value, cst.Name)
+    }
+    found = {name: name for name in params}
+    for _ in range(len(bound)):
+        grown = {t: found[v] for t, v in bound if v in found and t not in found}
+        if not grown:
+            break
+        found.update(grown)
+    return {name: p for name, p in found.items() if name not in params}
 
 
 def _size_index(call: cst.Call) -> cst.BaseExpression | None:
