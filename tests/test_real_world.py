@@ -171,6 +171,18 @@ _WITH_EXTRA = """
         """
 
 
+#: A number parameter that backward returns a gradient for (given a tensor or a number).
+SCALED_BY_A_FLOAT = """
+import torch
+
+def scaled(x: torch.Tensor, alpha: float, beta=2.0):
+    y = x * alpha + beta
+    def backward(g):
+        return g * alpha, (g * x).sum(), g.sum()
+    return y, backward
+"""
+
+
 CASES = [
     Case(
         "cat_scale",
@@ -352,29 +364,13 @@ CASES = [
     ),
     Case(
         "float_annotated_parameter_given_a_tensor",
-        """
-        import torch
-
-        def scaled(x: torch.Tensor, alpha: float, beta=2.0):
-            y = x * alpha + beta
-            def backward(g):
-                return g * alpha, (g * x).sum(), g.sum()
-            return y, backward
-        """,
+        SCALED_BY_A_FLOAT,
         "scaled",
         lambda: ([r(3, 4), r(), r()], {}),
     ),
     Case(
         "float_annotated_parameter_given_a_number",
-        """
-        import torch
-
-        def scaled(x: torch.Tensor, alpha: float, beta=2.0):
-            y = x * alpha + beta
-            def backward(g):
-                return g * alpha, (g * x).sum(), g.sum()
-            return y, backward
-        """,
+        SCALED_BY_A_FLOAT,
         "scaled",
         lambda: ([r(3, 4), 0.5], {"beta": 1.5}),
     ),
