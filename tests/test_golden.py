@@ -121,3 +121,61 @@ def test_goldens_pass_mypy_strict(tmp_path):
         cwd=ROOT, capture_output=True, text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+#: Constructs the samples do not have, whose generated code once failed `mypy --strict`:
+#: list parameters and outputs, a flat int output, a kind known only at run time.
+TYPED_CONSTRUCTS = '''
+from typing import List
+
+import torch
+
+
+def scaled_sum(xs: List[torch.Tensor], ws: List[torch.Tensor], b: torch.Tensor):
+    out = b * 1.0
+    for x, w in zip(xs, ws):
+        out = out + x * w
+    def backward(g):
+        return [g * w for w in ws], [g * x for x in xs], g
+    return out, backward
+
+
+def rows_and_total(x: torch.Tensor):
+    rows = list(x.unbind(0))
+    total = x.sum()
+    def backward(grows, gtotal):
+        return torch.stack(grows, 0) + gtotal
+    return rows, total, backward
+
+
+def sine_and_count(x: torch.Tensor):
+    y = x.sin()
+    n = x.shape[0]
+    def backward(gy, gn):
+        return gy * x.cos()
+    return y, n, backward
+
+
+def positive_part(x: torch.Tensor):
+    nz = torch.nonzero(x > 0, as_tuple=True)
+    y = x[nz]
+    def backward(g):
+        gx = torch.zeros_like(x)
+        gx[nz] = g
+        return gx
+    return y, backward
+'''
+
+
+def test_generated_code_for_lists_and_run_time_kinds_passes_mypy_strict(tmp_path):
+    from s2sgrad import transform
+
+    generated = tmp_path / "constructs_grad.py"
+    generated.write_text(transform(TYPED_CONSTRUCTS.lstrip(), "constructs.py"))
+    assert "def _save(" in generated.read_text()  # the run-time kind is there
+    run = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
+         "--no-incremental", "--cache-dir", str(tmp_path / "cache"), str(generated)],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -221,8 +221,13 @@ def backward_def(
     grad_type = types.GRAD if gradients.handles_none else types.TENSOR
     listed = {i for i, value in enumerate(record.outputs) if value.tensor_list}
     params = [cst.Param(cst.Name(ctx), _annotation(types.CONTEXT))]
+    #: An output that may not be a tensor (`n = x.shape[0]`) gets no zeros: its
+    #: gradient may stay None.
+    maybe = {i for i, value in enumerate(record.outputs) if value.tensor is not True}
     for i, param in enumerate(diff.backward.params.params):
         kind = f"list[{types.TENSOR}]" if i in listed else grad_type
+        if i in maybe - listed:
+            kind = types.GRAD
         params.append(param.with_changes(annotation=_annotation(kind), default=None))
     return cst.FunctionDef(
         name=cst.Name(names.backward),

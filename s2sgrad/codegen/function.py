@@ -59,9 +59,10 @@ CTX_API = frozenset(
 
 #: Runtime helpers for a context whose kinds are only known at run time.
 SAVE_HELPERS = '''
-def _save(ctx, *values):
+def _save(ctx: Any, *values: Any) -> None:
     """save_for_backward the tensors among `values`, alone or in a list; keep the rest."""
-    tensors, ctx.kept = [], []
+    tensors: list[torch.Tensor] = []
+    ctx.kept = []
     for value in values:
         if isinstance(value, torch.Tensor):
             tensors.append(value)
@@ -76,10 +77,10 @@ def _save(ctx, *values):
     ctx.save_for_backward(*tensors)
 
 
-def _saved(ctx):
+def _saved(ctx: Any) -> tuple[Any, ...]:
     """The values `_save` kept, in order."""
     tensors = iter(ctx.saved_tensors)
-    values = []
+    values: list[Any] = []
     for kept in ctx.kept:
         if kept is None:
             values.append(next(tensors))
@@ -542,11 +543,13 @@ class FunctionWriter:
         for k, (grad, out) in enumerate(zip(listed, self.listed_outputs, strict=True)):
             if k == len(listed) - 1:
                 tail = f"{self.rest}[{start}:]" if start else self.rest
-                lines.append(f"    {grad} = list({tail})")
+                lines.append(f"    {grad}: list[Any] = list({tail})")
             else:
                 count = f"len({self.ctx}.{out.var}_like)"
                 stop = f"{start} + {count}" if start else count
-                lines.append(f"    {grad} = list({self.rest}[{start}:{stop}])")
+                lines.append(
+                    f"    {grad}: list[Any] = list({self.rest}[{start}:{stop}])"
+                )
                 start = stop
         return lines
 

@@ -20,6 +20,7 @@ from s2sgrad.codegen import types
 from s2sgrad.codegen.slicing import slice_closure
 from s2sgrad.cst import module, spelled, statements
 from s2sgrad.names import NameAllocator
+from s2sgrad.values import param_value
 
 
 def _comment(text: str) -> cst.EmptyLine:
@@ -67,6 +68,8 @@ def backward_body(record: Differentiated, line_length: int = 88) -> BackwardBody
         [cst.parse_statement(f"{' = '.join(variables)} = None\n")] if variables else []
     )
     built = types.GRADS if len(results) > 1 else types.GRAD
+    if any(param_value(p).tensor_list for p in record.source.params):
+        built = "tuple[Any, ...]" if len(results) > 1 else "Any"  # a list of them
     if sliced is not None:
         used = {g for g in guards if any(g in _names(s) for s in sliced)}
         targets = ", ".join(g if g in used else "_" for g in guards)
