@@ -179,3 +179,27 @@ def test_generated_code_for_lists_and_run_time_kinds_passes_mypy_strict(tmp_path
         cwd=tmp_path, capture_output=True, text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_imports_only_what_the_generated_code_reads():
+    """The closure's own return annotation is not copied, so what only it reads
+    (`Callable`, `Tuple` here) is not imported: ruff's F401 would flag it."""
+    from s2sgrad import transform
+
+    source = (
+        "from typing import Callable, Optional, Tuple\n\nimport torch\n\n\n"
+        "def f(x: torch.Tensor, b: Optional[torch.Tensor] = None)"
+        " -> Tuple[torch.Tensor, Callable]:\n"
+        "    y = x.exp() if b is None else x.exp() + b\n"
+        "    def backward(g):\n"
+        "        return g * x.exp(), (None if b is None else g)\n"
+        "    return y, backward\n"
+    )
+    text = transform(source, "f.py")
+    assert "from typing import Any, Optional, cast\n" in text
+    run = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
+         "--select", "E4,E7,E9,F,I", "-"],
+        input=text, capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr

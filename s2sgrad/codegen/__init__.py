@@ -476,7 +476,9 @@ def _aliases(code: str) -> tuple[str, set[str]]:
     """The type aliases (types.ALIASES) that the module's code uses, defined; and every
     name the code (aliases included) reads. Read with `ast`: a libcst visit of the
     whole generated module would cost more than generating it."""
-    read = {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name)}
+    tree = ast.parse(code)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    read |= _read_in_string_annotations(tree)
     lines = [
         f"{name} = {meaning}  # {note}\n"
         for name, (meaning, note) in types.ALIASES.items()
@@ -488,6 +490,27 @@ def _aliases(code: str) -> tuple[str, set[str]]:
     }
 
 
+def _read_in_string_annotations(tree: ast.Module) -> set[str]:
+    """The names that annotations written as strings read (`xs: "List[Tensor]"`)."""
+    annotations: list[ast.expr | None] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg):
+            annotations.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            annotations.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+    found: set[str] = set()
+    for annotation in annotations:
+        if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+            try:
+                inner = ast.parse(annotation.value, mode="eval")
+            except SyntaxError:
+                continue
+            found |= {n.id for n in ast.walk(inner) if isinstance(n, ast.Name)}
+    return found
+
+
 def _imports(
     parsed: ParsedModule,
     records: list[Differentiated],
@@ -496,6 +519,8 @@ def _imports(
     read: set[str],
 ) -> list[str]:
     """The import lines: what the differentiators use, and what generated code reads."""
+    # Names only the dropped parts read (the closure's return annotation) stay out.
+    used = [name for name in used if name in read]
     extra = [
         "from typing import Any, cast",
         "import functools",
