@@ -203,3 +203,26 @@ def test_imports_only_what_the_generated_code_reads():
         input=text, capture_output=True, text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_imports_what_string_annotations_read():
+    """`xs: "List[torch.Tensor]"` is copied into the generated signatures, so `List`
+    is imported (ruff's F821 would flag it otherwise)."""
+    from s2sgrad import transform
+
+    source = (
+        "from typing import List\n\nimport torch\n\n\n"
+        'def total(xs: "List[torch.Tensor]"):\n'
+        "    out = torch.stack(xs).sum(0)\n"
+        "    def backward(g):\n"
+        "        return [g for _ in xs]\n"
+        "    return out, backward\n"
+    )
+    text = transform(source, "total.py")
+    assert "from typing import Any, List, cast\n" in text
+    run = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
+         "--select", "E4,E7,E9,F,I", "-"],
+        input=text, capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -158,6 +158,11 @@ class ScopeAnalysis:
                 found.append(self._undefined(node, outer))
             elif any(isinstance(r.scope, GlobalScope) for r in read.referents):
                 globals_used.setdefault(node.value, self._pos(node))
+        for string, name in _string_annotation_names(forward):
+            # `xs: "List[torch.Tensor]"`: the generated signature reads `List` too.
+            outer = self.scopes.get(string)
+            if isinstance(outer, GlobalScope) and outer.assignments[name]:
+                globals_used.setdefault(name, self._pos(string))
         backward_locals = self._backward_locals(
             backward, bscope, inner, backward_scopes
         )
@@ -446,6 +451,24 @@ def _signature_names(function: cst.FunctionDef) -> Iterator[cst.Name]:
         for name in m.findall(function.returns, m.Name()):
             assert isinstance(name, cst.Name)
             yield name
+
+
+def _string_annotation_names(
+    function: cst.FunctionDef,
+) -> Iterator[tuple[cst.SimpleString, str]]:
+    """Yield each parameter annotation written as a string, with a name it reads."""
+    for param in _all_params(function):
+        string = param.annotation.annotation if param.annotation else None
+        if not isinstance(string, cst.SimpleString):
+            continue
+        text = string.evaluated_value
+        try:
+            parsed = cst.parse_expression(text if isinstance(text, str) else "")
+        except cst.ParserSyntaxError:
+            continue
+        for name in m.findall(parsed, m.Name()):
+            assert isinstance(name, cst.Name)
+            yield string, name.value
 
 
 @dataclass(frozen=True)
