@@ -877,16 +877,16 @@ class Evaluator:
         chosen_sigs = list(signatures)
         if bound is not None:
             positional, keywords = bound
+            if keywords and not opfacts.keywords_known(qualified, set(keywords)):
+                # A keyword that only Python's binding knows (`torch.nonzero(x,
+                # as_tuple=True)` gives a tuple of tensors): what comes back is unknown.
+                return top(diff)
             fitting = [
                 s
                 for s in signatures
                 if s.accepts(len(positional), set(keywords))
                 and _arguments_fit(s, positional, keywords)
             ]
-            if keywords and not opfacts.keywords_known(qualified, set(keywords)):
-                # A keyword that only Python's binding knows (`torch.nonzero(x,
-                # as_tuple=True)` gives a tuple of tensors): what comes back is unknown.
-                return top(diff)
             if fitting:
                 # TorchScript's generic overloads (`add.t(t[] a, t[] b)`) fit anything:
                 # the ones that name the kinds given win, as Python's binding picks.

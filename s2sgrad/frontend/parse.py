@@ -742,6 +742,7 @@ def _unflattened_containers(
     be a container of tensors other than a list or tuple of them (`Optional[List[
     Tensor]]`, `Dict[str, Tensor]`): the Function would take it as one opaque input,
     and its tensors would silently get no gradient."""
+    # values imports the frontend's model, so it is imported here, not at the top.
     from s2sgrad.values import NONE, SEQ, param_value
 
     found = []

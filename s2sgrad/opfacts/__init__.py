@@ -99,12 +99,9 @@ class Signature:
         binds to this overload (`self`/`input` are one name: Python spells it either).
         """
         plain = [p for p in self.params if not p.keyword_only]
-        if positional > len(plain):
+        if positional > len(plain) or not self.knows(keywords):
             return False
-        names = {_alias(p.name): p for p in self.params}
         given = {_alias(k) for k in keywords}
-        if not given <= set(names):
-            return False
         bound = {_alias(p.name) for p in plain[:positional]}
         if bound & given:
             return False
