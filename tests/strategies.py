@@ -23,7 +23,9 @@ layout changes, `sum_to_size`, `torch.where` on a constant mask (named or inline
 `bool` parameter `flag` (`if`/`else` binding the same temporary, `if` without `else`, a
 conditional expression), one to three outputs (some written inside the `return`, an
 input returned as-is, the same value twice), keyword-only parameters (a tensor too),
-0-d and broadcast-shaped inputs. A post-pass makes some programs rebind names
+0-d and broadcast-shaped inputs (a bias (d,) or (1, d) beside (n, d), often an operand
+of the same op as a bigger parameter), and a scalar parameter (`s: torch.Tensor | float`,
+or `s: float` that backward returns a gradient for) given a number or a 0-d tensor. A post-pass makes some programs rebind names
 (`t = f(t)`, a parameter too, `t += b`) where late binding keeps them right, and joins
 some statements into tuple assignments. Some temporaries and parameters take names the
 generated code uses itself (`ctx`, `output`, `grad_x`, `x_shape`, `x_0`...).
@@ -45,6 +47,11 @@ torch at generation time. It reads forward values (inputs, temporaries, outputs,
 `.shape`/`.size(d)`/`.numel()`), so every kind of capture shows up. It is straight-line:
 one local accumulator per value (`g_<name>`), conditional expressions for the `flag`
 branches, and a final `return` with one entry per parameter (None for non-tensors).
+Some parameters get their gradient unreduced, as PyTorch allows: in the shape of the
+broadcast result that read them (`g_y = -g_t2` for `t2 = x - y`, y (d,), x (n, d)), and
+of the inner differentiator's unreduced return; where two contributions of different
+shapes meet, the unreduced one is summed first (`Reduced`), as the reference must be
+right; a scalar's is reduced with `.sum()` (a number has no `.shape`).
 
 Shapes are tracked statically, so every drawn program runs, and values stay bounded
 (`exp` of `tanh`, denominators `1 + b * b` or `exp(tanh(b))`, `sqrt`/`log` of `1 + a * a`).
@@ -157,21 +164,30 @@ class Node:
 @dataclasses.dataclass
 class Param:
     name: str
-    kind: str  # "tensor", "tensors" (a list of them), "float", "bool", "int"
+    # "tensor", "tensors" (a list of them), "float", "bool", "int", or "scalar": a
+    # number or a 0-d tensor (`s: torch.Tensor | float`, or `s: float` that backward
+    # returns a gradient for), given a tensor when `value` is None.
+    kind: str
     shape: Shape = ()  # of the tensor, or of each element of a list
     keyword_only: bool = False
     value: Any = None  # the argument, for non-tensor parameters
     count: int = 0  # the number of elements of a list
-    spelling: str = "List[torch.Tensor]"  # a list's annotation
+    spelling: str = "List[torch.Tensor]"  # a list's (or a scalar's) annotation
 
     def annotation(self) -> str:
-        if self.kind == "tensors":
+        if self.kind in ("tensors", "scalar"):
             return self.spelling
         return {"tensor": "torch.Tensor", "float": "float", "bool": "bool", "int": "int"}[self.kind]
 
     @property
     def tensors(self) -> bool:
+        """A tensor or a list of them, whatever the argument (not a scalar)."""
         return self.kind in ("tensor", "tensors")
+
+    @property
+    def takes_tensor(self) -> bool:
+        """The argument is one tensor that wants a gradient (a scalar given a tensor too)."""
+        return self.kind == "tensor" or (self.kind == "scalar" and self.value is None)
 
 
 @dataclasses.dataclass
@@ -191,11 +207,11 @@ class Program:
     listed_outputs: list[bool] = dataclasses.field(default_factory=list)
 
     def __repr__(self) -> str:  # hypothesis prints this for a failing example
-        values = {p.name: p.value for p in self.params if not p.tensors}
+        values = {p.name: p.value for p in self.params if not p.tensors and not p.takes_tensor}
         shapes = {
-            p.name: (p.shape if p.kind == "tensor" else [p.shape] * p.count)
+            p.name: (p.shape if p.kind != "tensors" else [p.shape] * p.count)
             for p in self.params
-            if p.tensors
+            if p.tensors or p.takes_tensor
         }
         return (
             f"Program(seed={self.seed}, loss_outputs={self.loss_outputs}, "
@@ -209,7 +225,7 @@ class Program:
         kwargs: dict[str, Any] = {}
         tensors = []
         for p in self.params:
-            if p.kind == "tensor":
+            if p.takes_tensor:
                 v: Any = torch.randn(p.shape, generator=gen, dtype=torch.float64)
                 v.requires_grad_()
                 tensors.append(v)
@@ -364,9 +380,24 @@ def helper_op(r: Chooser, a: Value, name: str) -> Op:
 BINARY = ["add", "sub", "mul", "div_sq", "div_exp"]
 
 
-def _red(expr: str, x: str) -> str:
-    """Undo broadcasting: sum `expr` to the shape of operand `x`."""
-    return f"{_p(expr)}.sum_to_size({x}.shape)"
+class Reduced(str):
+    """A contribution summed to its operand's shape (the text), which backward may also
+    return unreduced for a parameter, as PyTorch allows: `full`, the same before the
+    sum, of shape `shape` (None: the shape of the op's result)."""
+
+    full: str
+    shape: Shape | None
+
+    @classmethod
+    def of(cls, text: str, full: str, shape: Shape | None = None) -> Reduced:
+        made = cls(text)
+        made.full, made.shape = full, shape
+        return made
+
+
+def _red(expr: str, x: str) -> Reduced:
+    """Undo broadcasting: sum `expr` (of the op's result's shape) to operand `x`'s."""
+    return Reduced.of(f"{_p(expr)}.sum_to_size({x}.shape)", expr)
 
 
 def binary_op(r: Chooser, a: Value, b: Value, name: str, named: bool) -> Op:
@@ -401,6 +432,39 @@ def binary_op(r: Chooser, a: Value, b: Value, name: str, named: bool) -> Op:
             return [_red(f"{g} / {e}", x), _red(f"-{g} * {value} * (1.0 - torch.tanh({y}) ** 2)", y)]
 
     return Op(expr.format(a=a.name, b=b.name), shape, [a, b], vjp)
+
+
+def scalar_op(r: Chooser, a: Value, s: Value, named: bool) -> Op:
+    """`a * s`, `s + a`... with the scalar parameter `s`: a number or a 0-d tensor,
+    known at run time. Its contribution is reduced with `.sum()` (a number has no
+    `.shape`), or left unreduced (`Reduced.full`) when backward returns it so."""
+    kind = r.choice(["mul", "add", "sub", "rsub", "div_sq"])
+    spellings = {
+        "mul": ["{a} * {s}", "{s} * {a}", "torch.mul({a}, {s})"],
+        "add": ["{a} + {s}", "{s} + {a}", "torch.add({a}, {s})"],
+        "sub": ["{a} - {s}", "torch.sub({a}, {s})"],
+        "rsub": ["{s} - {a}"],
+        "div_sq": ["{a} / (1.0 + {s} * {s})", "{a} / (1.0 + {s} ** 2)"],
+    }[kind]
+    expr = r.choice(spellings).format(a=a.name, s=s.name)
+    total = r.choice(["({e}).sum()", "torch.sum({e})"])
+
+    def vjp(g: str, o: str | None, xs: list[str]) -> list[str]:
+        x, y = xs
+        if kind == "mul":
+            to_a, to_s = f"{g} * {y}", f"{g} * {x}"
+        elif kind == "add":
+            to_a, to_s = g, g
+        elif kind == "sub":
+            to_a, to_s = g, f"-{g}"
+        elif kind == "rsub":
+            to_a, to_s = f"-{g}", g
+        else:
+            d = f"(1.0 + {y} * {y})"
+            to_a, to_s = f"{g} / {d}", f"-2.0 * {g} * {x} * {y} / {d} ** 2"
+        return [to_a, Reduced.of(total.format(e=to_s), to_s)]
+
+    return Op(expr, a.shape, [a, s], vjp)
 
 
 def reduction_op(r: Chooser, a: Value, dim_param: int | None = None) -> Op:
@@ -641,6 +705,9 @@ class Inner:
     shape: Shape  # of its (single) output
     returns: list[str]  # its backward's entries, "None" where it returns None
     bare: bool  # its backward returns a bare gradient (one parameter)
+    # The shapes of those entries: a parameter's own, or a shape it broadcasts to where
+    # the backward returns that gradient unreduced.
+    return_shapes: list[Shape | None] = dataclasses.field(default_factory=list)
 
     def helper(self) -> str:
         names = [p.name for p in self.params]
@@ -678,11 +745,27 @@ def call_op(r: Chooser, inner: Inner, operands: list[Value], args: list[str]) ->
             helper = f"{inner.name}({given})[1]({g})"
         else:
             helper = f"{inner.name}_vjp({', '.join(values)}, {g})"
-        if inner.bare:
-            return [None if inner.returns[0] == "None" else helper]
-        return [None if inner.returns[i] == "None" else f"{helper}[{i}]" for i in positions]
+        found: list[str | None] = []
+        for i, x in zip(positions, xs, strict=True):
+            entry = helper if inner.bare else f"{helper}[{i}]"
+            shape = inner.return_shapes[i] if inner.return_shapes else inner.params[i].shape
+            if inner.returns[i] == "None":
+                found.append(None)
+            elif shape != inner.params[i].shape:  # unreduced: summed to the operand's
+                found.append(Reduced.of(f"{_p(entry)}.sum_to_size({x}.shape)", entry, shape))
+            else:
+                found.append(entry)
+        return found
 
     return Op(expr, inner.shape, operands, vjp, fresh=False)
+
+
+def _either(t: str, f: str) -> str:
+    """The contribution of an if/else on `flag`, unreduced too where both sides are."""
+    text = f"{_p(t)} if flag else {_p(f)}"
+    if isinstance(t, Reduced) and isinstance(f, Reduced) and t.shape == f.shape:
+        return Reduced.of(text, f"{_p(t.full)} if flag else {_p(f.full)}", t.shape)
+    return text
 
 
 def _word(name: str) -> re.Pattern[str]:
@@ -703,6 +786,7 @@ class _Builder:
         base: Shape,
         inner: Inner | None = None,
         has_list: bool = False,
+        has_scalar: bool = False,
     ) -> None:
         self.r = r
         self.has_alpha = has_alpha
@@ -728,6 +812,16 @@ class _Builder:
         if has_dim:
             self.dim_value = r.choice([0, -1])
             self.params.append(Param("dim", "int", value=self.dim_value))
+        self.scalar: Value | None = None  # the scalar parameter, an operand of `scalar_op`
+        if has_scalar:  # a number or a 0-d tensor, known at run time
+            scalar = Param(
+                r.choice(["s", "scale", "beta"]),
+                "scalar",
+                value=None if r.coin() else r.choice([0.5, -1.5, 2.0]),
+                spelling=r.choice(["torch.Tensor | float", "float"]),
+            )
+            self.params.append(scalar)
+            self.scalar = Value(scalar.name, (), True)
         if has_list:  # a list of tensors of run-time length, maybe empty
             self.params.insert(
                 r.int(0, n_tensors),
@@ -762,6 +856,10 @@ class _Builder:
         self.nodes: list[Node] = []
         self.lines: list[str] = []  # the forward body
         self.used_names = {p.name for p in self.params}
+        # The parameters whose gradient backward returns unreduced where it can (in the
+        # shape of the broadcast result that reads them, as PyTorch allows).
+        self.unreduced = {p.name for p in self.params if p.kind in ("tensor", "scalar") and r.coin(0.7)}
+        self.return_shapes: list[Shape | None] = []  # per parameter, of backward's entry
         self.counter = 0
         available = {"", "alpha" if has_alpha else "", "flag" if has_flag else ""}
         self.unary_names = [n for n, (_, _, needs) in UNARY.items() if needs in available]
@@ -795,11 +893,16 @@ class _Builder:
         """One op over existing values, or None when the drawn kind does not fit."""
         r = self.r
         kinds = ["unary"] * 3 + ["binary"] * 3 + ["reduce", "softmax", "layout", "matmul", "where", "where"]
+        if self.scalar is not None:
+            kinds += ["scalar"] * 3
         kind = r.choice(kinds + ["call"] * 6 if self.inner is not None else kinds)
         if kind == "call":
             return self.call()
         a = self.pick()
         assert a is not None
+        if kind == "scalar":
+            assert self.scalar is not None
+            return scalar_op(r, a, self.scalar, named)
         if kind == "unary" and r.coin(0.15):  # a helper of the module
             helper = r.choice(sorted(HELPERS))
             self.helpers.add(helper)
@@ -807,7 +910,12 @@ class _Builder:
         if kind == "unary":
             return unary_op(r, a, r.choice(self.unary_names), named)
         if kind == "binary":
-            b = self.pick(lambda v: broadcast(a.shape, v.shape) is not None, constants=True)
+            fits: Callable[[Value], bool] = lambda v: broadcast(a.shape, v.shape) is not None  # noqa: E731
+            params = {p.name for p in self.params}
+            b = None
+            if r.coin(0.3):  # a parameter: a bias (d,), (1, d) or 0-d beside (n, d)
+                b = self.pick(lambda v: fits(v) and v.name in params and v.name != a.name)
+            b = b or self.pick(fits, constants=True)
             assert b is not None  # a itself qualifies
             if r.coin():
                 a, b = b, a
@@ -1278,6 +1386,9 @@ class _Builder:
         """Reverse mode over the nodes, as straight-line source."""
         body: list[str] = []
         acc: dict[str, str] = {}  # value name -> the local holding its gradient so far
+        # value name -> the shape of that local: the value's own, or for a parameter in
+        # `self.unreduced` a shape it broadcasts to (summed only where two meet).
+        acc_shape: dict[str, Shape] = {}
         unnamed: dict[int, str] = {}
         for node, gname in zip(outputs, grad_names, strict=True):
             if node.name is None:
@@ -1287,6 +1398,7 @@ class _Builder:
                 acc[node.name] = f"g_{node.name}"
             else:
                 acc[node.name] = gname  # an output's gradient starts as its parameter
+                acc_shape[node.name] = node.shape
         for node in reversed(self.nodes):
             g = unnamed.get(id(node)) if node.name is None else acc.get(node.name)
             if g is None:
@@ -1295,28 +1407,43 @@ class _Builder:
             contribs = node.ops[0].vjp(g, node.name, names)
             if len(node.ops) == 2:
                 other = node.ops[1].vjp(g, node.name, names)
-                contribs = [f"{_p(t)} if flag else {_p(f)}" for t, f in zip(contribs, other, strict=True)]
+                contribs = [_either(t, f) for t, f in zip(contribs, other, strict=True)]
             for operand, contrib in zip(node.operands, contribs, strict=True):
                 if not operand.differentiable or contrib is None:
                     continue
                 local = f"g_{operand.name}"
+                text, shape = contrib, operand.shape
+                if operand.name in self.unreduced and isinstance(contrib, Reduced):
+                    text, shape = contrib.full, contrib.shape or node.shape
                 if operand.listed and operand.name in acc:
                     body.append(
                         f"{local} = [p + q for p, q in zip({acc[operand.name]}, {contrib})]"
                     )
                 elif operand.listed:
                     body.append(f"{local} = {contrib}")
-                elif operand.name in acc:
-                    body.append(f"{local} = {acc[operand.name]} + {_p(contrib)}")
-                elif self.r.coin(0.1):  # start from zeros: backward then reads the value
+                elif operand.name in acc and acc_shape[operand.name] == shape:
+                    body.append(f"{local} = {acc[operand.name]} + {_p(text)}")
+                elif operand.name in acc:  # unreduced where they meet: summed first
+                    total = acc[operand.name]
+                    if acc_shape[operand.name] != operand.shape:
+                        total = self.reduce(total, operand)
+                    body.append(f"{local} = {total} + {_p(contrib)}")
+                    shape = operand.shape
+                elif operand is not self.scalar and self.r.coin(0.1):
+                    # start from zeros: backward then reads the value
                     body.append(f"{local} = torch.zeros_like({operand.name})")
-                    body.append(f"{local} = {local} + {_p(contrib)}")
+                    body.append(f"{local} = {local} + {_p(text)}")
+                    shape = broadcast(operand.shape, shape) or shape
                 else:
-                    body.append(f"{local} = {contrib}")
+                    body.append(f"{local} = {text}")
                 acc[operand.name] = local
+                acc_shape[operand.name] = shape
         returns = []
+        self.return_shapes = []
         for p in self.params:
-            if not p.tensors:
+            if p.kind == "scalar" and p.name in acc:
+                returns.append(acc[p.name])
+            elif not p.tensors:
                 returns.append("None")
             elif p.name in acc:
                 returns.append(acc[p.name])
@@ -1325,6 +1452,7 @@ class _Builder:
                 returns.append(self.r.choice(["None", zeros]))
             else:  # no path to an output: a zero gradient, either spelling
                 returns.append(self.r.choice(["None", f"torch.zeros_like({p.name})"]))
+            self.return_shapes.append(acc_shape.get(p.name, p.shape))
         self.returns = returns
         if len(returns) == 1 and self.r.coin():
             self.bare = True
@@ -1332,6 +1460,12 @@ class _Builder:
         else:
             body.append(f"return {', '.join(returns)}{',' if len(returns) == 1 else ''}")
         return body
+
+    def reduce(self, expr: str, operand: Value) -> str:
+        """`expr` summed to the shape of parameter `operand` (a scalar has no `.shape`)."""
+        if operand is self.scalar:
+            return f"{_p(expr)}.sum()"
+        return f"{_p(expr)}.sum_to_size({operand.name}.shape)"
 
     def rebind(self, body: list[str], result: str) -> tuple[list[str], str]:
         """Rename some temporaries to the name of their first operand (`t = f(t, ...)`).
@@ -1401,7 +1535,7 @@ class _Builder:
         def one(p: Param) -> str:
             text = f"{p.name}: {p.annotation()}"
             if p.keyword_only and self.r.coin():
-                text += {"float": " = 1.0", "bool": " = False", "int": " = -1"}.get(p.kind, "")
+                text += {"float": " = 1.0", "bool": " = False", "int": " = -1", "scalar": " = 1.0"}.get(p.kind, "")
             return text
 
         positional = [one(p) for p in self.params if not p.keyword_only]
@@ -1421,9 +1555,10 @@ def build(
     inner: Inner | None = None,
     single_output: bool = False,
     has_list: bool = False,
+    has_scalar: bool = False,
 ) -> tuple[str, _Builder, int]:
     """One differentiator: (its source, the builder, its number of outputs)."""
-    b = _Builder(r, n_tensors, has_alpha, has_flag, has_dim, base, inner, has_list)
+    b = _Builder(r, n_tensors, has_alpha, has_flag, has_dim, base, inner, has_list, has_scalar)
     for _ in range(n_statements):
         b.statement()
     if not b.nodes:  # every statement was a constant
@@ -1484,6 +1619,7 @@ def programs(draw: st.DrawFn) -> Program:
     has_dim = draw(st.booleans())
     n_statements = draw(st.integers(1, 6))
     has_list = draw(st.integers(0, 3)) == 0
+    has_scalar = draw(st.integers(0, 2)) == 0
     r = Chooser(draw(st.integers(0, 2**32 - 1)))
     seed = draw(st.integers(0, 2**31 - 1))
 
@@ -1499,11 +1635,13 @@ def programs(draw: st.DrawFn) -> Program:
             r, inner_name, r.int(1, 2), r.coin(), r.coin(), r.coin(0.3), r.int(1, 3), base,
             single_output=True,
         )
-        inner = Inner(inner_name, ib.params, ib.nodes[-1].shape, ib.returns, ib.bare)
+        inner = Inner(
+            inner_name, ib.params, ib.nodes[-1].shape, ib.returns, ib.bare, ib.return_shapes
+        )
         parts += [text, "", inner.helper(), ""]
     text, b, n_out = build(
         r, name, n_tensors, has_alpha, has_flag, has_dim, n_statements, base, inner,
-        has_list=has_list,
+        has_list=has_list, has_scalar=has_scalar,
     )
     parts.append(text)
     source = "\n".join(parts)

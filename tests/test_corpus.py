@@ -7,7 +7,8 @@ text by the module-scoped `generated` fixture, with the corpus module importable
 is checked in float64 against torch.autograd of the closure's *own forward result* (the
 source function's result differentiated by autograd, its hand-written backward unused):
 
-* outputs and first, second and third order gradients of random weighted sums;
+* outputs and first, second and third order gradients of random weighted sums, each
+  order alone and with the output and the earlier gradients in one loss (tests/oracle.py);
 * torch.autograd.gradgradcheck of the generated op;
 * torch.func.grad(torch.func.grad(...)) on one tensor input;
 * torch.func.vmap over a leading batch dimension of one input (forward, and the
@@ -44,6 +45,7 @@ from libcst.metadata import (
     QualifiedNameProvider,
     QualifiedNameSource,
 )
+from oracle import assert_same, derivatives
 
 from s2sgrad import transform
 from s2sgrad.autodiff.rules import RULES
@@ -470,29 +472,19 @@ def close(a, b, what):
 
 @pytest.mark.parametrize("c", params("test_first_second_third_order_match_autograd"))
 def test_first_second_third_order_match_autograd(generated, c):
+    """Outputs and orders 1 to 3 equal autograd through the closure's own forward, in
+    the pure shape and in the mixed one (output and gradients in one loss, as gradient
+    penalties write it), where the op's backward receives the output's gradient and its
+    temporaries' gradients in one call (DESIGN.md section 10)."""
     op = op_of(generated, c)
     call = make_call(c, seed=0)
     assert call.slots, "a case needs at least one differentiable input"
-
-    def orders(fn):
-        tensors = leaves(call.tensors)
-        outs = as_tuple(call(fn, tensors))
-        gen = torch.Generator().manual_seed(1234)
-        results, scalar = [], weighted(outs, gen)
-        for _ in range(3):
-            grads = grads_of(scalar, tensors)
-            results.append(grads)
-            scalar = weighted(grads, gen)
-        return outs, results
-
-    outs, got = orders(op)
-    ref_outs, expected = orders(lambda *a, **k: closure_of(c)(*a, **k)[0])
-    assert len(outs) == len(ref_outs)
-    for i, (a, b) in enumerate(zip(outs, ref_outs, strict=True)):
-        close(a, b, f"output {i}")
-    for order, (gs, es) in enumerate(zip(got, expected, strict=True), start=1):
-        for i, (g, e) in enumerate(zip(gs, es, strict=True)):
-            close(g, e, f"order {order}, tensor input {i}")
+    got = derivatives(lambda *ts: call(op, ts), leaves(call.tensors))
+    expected = derivatives(
+        lambda *ts: call(lambda *a, **k: closure_of(c)(*a, **k)[0], ts),
+        leaves(call.tensors),
+    )
+    assert_same(got, expected, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("c", params("test_gradgradcheck"))
@@ -622,25 +614,25 @@ def test_every_corpus_differentiator_has_a_case():
 # --------------------------------------------------------------------------------------
 
 
-def _without_once_differentiable(text):
+def _without_the_first_order_guard(text):
     return "".join(
         line
         for line in text.splitlines(True)
-        if line.strip() != "@once_differentiable"
+        if not line.strip().startswith("@_FirstOrder(")
     )
 
 
 def test_promotion_is_what_makes_second_order_right(generated):
     """shifted_product: t = a + b; r = t * b; backward reads t.
 
-    With policy="first-order", t is saved but not promoted and backward is
-    once_differentiable. Stripping that decorator lets a double backward run -- and it is
+    With policy="first-order", t is saved but not promoted and backward is first-order
+    only (`_FirstOrder`). Stripping that decorator lets a double backward run -- and it is
     silently wrong, because d(grad_b)/da through t = a + b is lost. The default policy
     (promotion) gets it right.
     """
     text, _ = generated("arithmetic", policy="first-order")
-    assert "@once_differentiable" in text
-    _, unsafe = generated("arithmetic", policy="first-order", edit=_without_once_differentiable)
+    assert '@_FirstOrder("shifted_product")' in text
+    _, unsafe = generated("arithmetic", policy="first-order", edit=_without_the_first_order_guard)
     _, promoted = generated("arithmetic")
     closure = importlib.import_module("tests.corpus.arithmetic").shifted_product
 

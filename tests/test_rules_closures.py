@@ -3,7 +3,8 @@
 * format: each rule has the closure shape the frontend inlines, its backward reads
   only allowed names and is built from operations that have rules themselves;
 * orders 1 and 2: each gradient entry, extracted on its own the way the generator
-  keeps only the entries it needs, matches torch.autograd;
+  keeps only the entries it needs, matches torch.autograd, at order 2 both alone and
+  with the output in the same loss (the mixed shape of tests/oracle.py);
 * registry: every qualified name resolves to a real PyTorch callable that agrees
   with the rule's forward on at least one example; VARARGS spellings bind.
 """
@@ -20,6 +21,8 @@ import textwrap
 
 import pytest
 import torch
+from oracle import assert_same, closure_op, derivatives
+from oracle import leaves as fresh_leaves
 
 from s2sgrad import opfacts
 from s2sgrad.autodiff import rules
@@ -779,6 +782,58 @@ def test_second_order(name, factory):
         d_ref = _derivatives(weighted(ref), wrt)
         for n, a, b in zip(names, d_got, d_ref, strict=True):
             _close(a, b, f"d/d{n} of entry {p}")
+        single = _is_grad_tensor(bound[p])
+        _check_pure_and_mixed(name, i, args, kwargs, all_leaves, leaves, single)
+
+
+def _swapped(value, replace):
+    """`value` (an argument) with the tensors `replace` maps (by id) replaced."""
+    if isinstance(value, torch.Tensor):
+        return replace.get(id(value), value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_swapped(v, replace) for v in value)
+    if isinstance(value, dict):
+        return {k: _swapped(v, replace) for k, v in value.items()}
+    return value
+
+
+def _check_pure_and_mixed(name, i, args, kwargs, all_leaves, entry_leaves, single):
+    """Entry `i` of rule `name` as the gradient of an op (its backward the op's, autograd
+    through that backward at order 2) equals autograd through the rule's forward at
+    orders 1 and 2 with respect to the entry's tensors (`single`: one tensor, else a
+    list of them), in the pure shape and the mixed one (the output and its gradient in
+    one loss), as tests/oracle.py takes them."""
+    positions = [
+        next(k for k, t in enumerate(all_leaves) if t is leaf) for leaf in entry_leaves
+    ]
+
+    def call(fn, tensors):
+        replace = {id(t): new for t, new in zip(all_leaves, tensors, strict=True)}
+        return fn(*_swapped(args, replace), **_swapped(kwargs, replace))
+
+    def run(*tensors):
+        out, backward = call(_entry_rule(name, i), tensors)
+
+        def vjp(grads):
+            entry = backward(grads if isinstance(out, (tuple, list)) else grads[0])
+            found = [None] * len(tensors)
+            entries = [entry] if single else entry
+            for k, g in zip(positions, entries, strict=True):
+                found[k] = g
+            return found
+
+        return out, vjp
+
+    got = derivatives(
+        closure_op(run), fresh_leaves(all_leaves), orders=2, wrt=positions
+    )
+    expected = derivatives(
+        lambda *ts: call(RULE_FUNCS[name], ts)[0],
+        fresh_leaves(all_leaves),
+        orders=2,
+        wrt=positions,
+    )
+    assert_same(got, expected, rtol=RTOL, atol=ATOL, what=f"entry {i}: ")
 
 
 def _derivatives(scalar, wrt):

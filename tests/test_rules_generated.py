@@ -1,7 +1,9 @@
 """Every derivative rule, converted by s2sgrad itself, passes gradcheck and gradgradcheck.
 
 The rules are differentiators, so `s2sgrad.transform` turns `rules.py` into ops like any
-user module; each op is checked on every example of tests/test_rules_closures.py.
+user module; each op is checked on every example of tests/test_rules_closures.py, and
+its orders 1 to 3 equal autograd through the rule's own forward, each order alone and
+with the output and the earlier gradients in one loss (tests/oracle.py).
 """
 
 import importlib.resources
@@ -9,6 +11,7 @@ import inspect
 
 import pytest
 import torch
+from oracle import assert_same, derivatives
 
 from s2sgrad import transform
 from s2sgrad.autodiff import rules
@@ -96,3 +99,12 @@ def test_rule_op_passes_gradcheck_and_gradgradcheck(rules_ops, name, factory):
 
     assert torch.autograd.gradcheck(call, tuple(leaves))
     assert torch.autograd.gradgradcheck(call, tuple(leaves))
+
+    def reference(*tensors):
+        rebuilt_args, rebuilt_kwargs = _rebuild((args, kwargs), iter(tensors))
+        return getattr(rules, name)(*rebuilt_args, **rebuilt_kwargs)[0]
+
+    assert_same(
+        derivatives(call, [t.detach().clone().requires_grad_() for t in leaves]),
+        derivatives(reference, [t.detach().clone().requires_grad_() for t in leaves]),
+    )
