@@ -113,7 +113,7 @@ class Lifted:
     #: Names taken in the lifted functions; later stages allocate from these.
     taken: frozenset[str]
     #: Whether a temporary is saved without promotion, so double backward must raise.
-    once_differentiable: bool
+    first_order: bool
     #: The variables that hold each forward parameter's gradient in f_backward.
     results: tuple[str, ...]
     #: What each output of the result is (a tensor, a list of tensors...).

@@ -172,7 +172,7 @@ def test_cli_uses_the_file_and_flags_win(tmp_path):
         "ops_lifted.py"
     ]
     assert (
-        "once_differentiable" in (tmp_path / "generated" / "ops_lifted.py").read_text()
+        "@_FirstOrder(" in (tmp_path / "generated" / "ops_lifted.py").read_text()
     )
     run = s2sgrad(
         "convert",
@@ -186,7 +186,7 @@ def test_cli_uses_the_file_and_flags_win(tmp_path):
         cwd=tmp_path,
     )
     assert run.returncode == 0, run.stderr
-    assert "once_differentiable" not in (tmp_path / "out" / "ops_grad.py").read_text()
+    assert "_FirstOrder" not in (tmp_path / "out" / "ops_grad.py").read_text()
 
 
 def test_cli_config_error_exits_2_naming_the_file_and_key(tmp_path):

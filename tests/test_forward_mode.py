@@ -2,7 +2,7 @@
 
 Every sample's op against the same transform applied to the closure's own forward
 (float64); then the runtime's edges: list parameters, `None` among the arguments, several
-outputs, an op without a forward-mode formula (a located error, never a wrong tangent),
+outputs, an op without a forward-mode formula (the op's jvp transposes its backward),
 the Function as torch.compile sees it (no `jvp`), the public `Function.apply` fallback,
 and no input kept alive outside forward mode.
 """
@@ -144,7 +144,7 @@ def combine(xs: List[torch.Tensor], scale: Optional[float], w: torch.Tensor, bia
     t = s.tanh()
     k = 1.0 if scale is None else scale
     def backward(g):
-        gs = g * (1 - t * t)
+        gs = g * k * (1 - t * t)
         gw = (gs * torch.stack(xs).sum(0)).sum_to_size(w.shape)
         return [gs * w for _ in xs], None, gw, (None if bias is None else gs.sum_to_size(bias.shape))
     return k * t, backward
@@ -160,7 +160,9 @@ def split_pair(x: torch.Tensor):
 def far(x: torch.Tensor, y: torch.Tensor):
     d = torch.cdist(x, y)
     def backward(g):
-        return None, None
+        gd = g / d
+        diff = x.unsqueeze(1) - y.unsqueeze(0)
+        return (gd.unsqueeze(-1) * diff).sum(1), -(gd.unsqueeze(-1) * diff).sum(0)
     return d, backward
 """
 
@@ -209,16 +211,22 @@ def test_lists_none_arguments_and_several_outputs(edges):
         _close(a, b, "two outputs")
 
 
-def test_an_op_without_forward_mode_names_the_statement(edges):
-    gen, _ = edges
+def test_forward_mode_through_an_op_torch_has_no_forward_formula_for(edges):
+    """The op's jvp is the transpose of its backward, so forward mode works where the
+    closure's forward runs an op without a forward-mode formula (`torch.cdist`): the
+    dot-product test against reverse mode through the closure's own forward."""
+    gen, src = edges
     x, y = _r(3, 2), _r(4, 2)
-    with pytest.raises(NotImplementedError) as caught:
-        jvp(gen["far"], (x, y), (_r(3, 2), _r(4, 2)))
-    message = str(caught.value)
-    assert "`d = torch.cdist(x, y)`" in message, message
-    assert "edges_grad.py:" in message and "`far_forward`" in message, message
-    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="torch.cdist"):
-        gen["far"](fwAD.make_dual(x, _r(3, 2)), y)
+    tx, ty, u = _r(3, 2), _r(4, 2), _r(3, 4)
+    with pytest.raises(NotImplementedError):
+        jvp(lambda a, b: src["far"](a, b)[0], (x, y), (tx, ty))
+    _, tangent = jvp(gen["far"], (x, y), (tx, ty))
+    _, pull = torch.func.vjp(lambda a, b: src["far"](a, b)[0], x, y)
+    gx, gy = pull(u)
+    _close((tangent * u).sum(), (gx * tx).sum() + (gy * ty).sum(), "<u, J t>")
+    with fwAD.dual_level():
+        out = gen["far"](fwAD.make_dual(x, tx), fwAD.make_dual(y, ty))
+        _close(fwAD.unpack_dual(out).tangent, tangent, "forward_ad tangent")
 
 
 def test_outside_forward_mode_the_op_keeps_no_inputs(edges):
@@ -233,7 +241,7 @@ def test_outside_forward_mode_the_op_keeps_no_inputs(edges):
         dual = fwAD.make_dual(x, _r(4))
         out = gen["split_pair"](dual)[0]
         assert getattr(out.grad_fn, "s2sgrad jvp", None) is not None
-        assert len(out.grad_fn.saved_tensors) == 3  # and the input, for jvp
+        assert len(out.grad_fn.saved_tensors) == 2  # the same, for both modes
         (g,) = torch.autograd.grad(out.sum(), x)
     _close(g, x.detach().cos(), "backward beside forward mode")
 

@@ -49,7 +49,7 @@ def test_capture_kinds_and_order_of_first_reference():
     ]
     assert [s.name for s in result.context if s.tensor] == ["y", "w", "mask", "x", "h"]
     assert [s.storage for s in result.context][-2:] == ["object", "object"]
-    assert result.once_differentiable
+    assert result.first_order
 
 
 def test_metadata_only_use_saves_the_shape_not_the_tensor():

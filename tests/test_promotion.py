@@ -93,23 +93,23 @@ def test_policies_give_right_second_and_third_order(policy):
     assert torch.autograd.gradgradcheck(ns["square_prod"], args)
 
 
-def test_first_order_policy_is_once_differentiable_and_smallest():
+def test_first_order_policy_is_first_order_only_and_smallest():
     text = transform(TEMPORARY, "t.py", policy="first-order")
-    assert "@once_differentiable" in text and "grad_t=None" not in text
+    assert '@_FirstOrder("add_mul")' in text and "grad_t=None" not in text
     ns = load(TEMPORARY, policy="first-order")
     args = _inputs()
     assert torch.autograd.gradcheck(ns["add_mul"], args)
     out = ns["add_mul"](*args).sum()
     (ga, _) = torch.autograd.grad(out, args, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+    with pytest.raises(RuntimeError, match="`add_mul` was converted with policy=first-order"):
         torch.autograd.grad(ga.sum(), args)
 
 
-def test_promote_policy_has_no_once_differentiable_and_promotes_t():
+def test_promote_policy_is_not_first_order_only_and_promotes_t():
     text = transform(TEMPORARY, "t.py")
-    assert "once_differentiable" not in text
+    assert "_FirstOrder" not in text
     assert re.search(r"def add_mul_backward\(\s*ctx: Context,\s*grad: Grad,\s*\*,\s*grad_t: Grad = None,", text)
-    assert "mark_non_differentiable" not in text
+    assert ".mark_non_differentiable(" not in text
 
 
 def test_call_without_rule_is_recomputed_with_a_comment():
@@ -133,7 +133,7 @@ def test_call_without_rule_is_recomputed_with_a_comment():
 def test_pragma_overrides_the_policy_for_one_function():
     text = transform(PRAGMA, "t.py", policy="first-order")
     assert "def f_recompute(x: Tensor) -> Any:" in text
-    assert "once_differentiable" not in text
+    assert "_FirstOrder" not in text
     ns = load(PRAGMA, policy="first-order")
     (x,) = _inputs(1)
     assert torch.autograd.gradgradcheck(ns["f"], (x,))
@@ -146,7 +146,7 @@ def test_cli_policy_flag(tmp_path):
         cwd=tmp_path, capture_output=True, text=True,
     )
     assert run.returncode == 0, run.stderr
-    assert "@once_differentiable" in run.stdout
+    assert '@_FirstOrder("add_mul")' in run.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "s2sgrad", "convert", "ops.py", "--policy", "nope"],
         cwd=tmp_path, capture_output=True, text=True,

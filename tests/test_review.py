@@ -154,7 +154,7 @@ def test_first_order_temporary_is_saved_only():
     (record,) = records(CUBIC, Options(policy="first-order"))
     (temporary,) = record.temporaries
     assert temporary.how == "saved only" and "first-order policy" in temporary.why
-    assert record.once_differentiable
+    assert record.first_order
     assert (
         by_name(record)["s"].saved
         == "passed on from forward in a tuple, ctx.save_for_backward"

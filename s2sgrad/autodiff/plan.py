@@ -393,7 +393,7 @@ class Planner:
             backward_body=backward_body,
             forward_statements=tuple(forward),
             gradients=gradients,
-            once_differentiable=False,
+            first_order=False,
             taken=frozenset(names.taken),
         )
 

@@ -68,7 +68,7 @@ class Differentiated:
     #: None under the first-order policy or when no temporary is captured.
     gradients: Gradients | None
     #: Whether a temporary is saved without promotion, so double backward must raise.
-    once_differentiable: bool
+    first_order: bool
     #: Names taken in the lifted functions; codegen allocates from these.
     taken: frozenset[str]
 
@@ -81,7 +81,7 @@ class Differentiated:
             lifted.backward_body,
             lifted.source.statements,
             None,
-            lifted.once_differentiable,
+            lifted.first_order,
             lifted.taken,
         )
 

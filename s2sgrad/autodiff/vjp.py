@@ -38,6 +38,8 @@ from s2sgrad.values import (
 
 PLACEHOLDER = "__s2sgrad_v{}__"
 ACCUMULATE = "_accumulate"
+#: `_reduce(grad, shape)`: a gradient that may be unreduced or None, summed to `shape`.
+REDUCE = "_reduce"
 
 _OPERATORS: dict[type[cst.BaseBinaryOp], str] = {
     cst.Add: "operator.add",
@@ -538,7 +540,29 @@ class Generator:
                     grads, [cst.SubscriptElement(cst.Index(cst.Integer(str(index))))]
                 )
             )
+            # Its backward may return the gradient unreduced (or None), as PyTorch
+            # allows: summed to the argument's shape before it meets another.
+            shape = cst.Attribute(
+                self._shape_source(arg.value, env, line), cst.Name("shape")
+            )
+            entry = cst.Call(cst.Name(REDUCE), [cst.Arg(entry), cst.Arg(shape)])
             self.operand(arg.value, entry, env, body, line, sibling.name)
+
+    def _shape_source(
+        self, arg: cst.BaseExpression, env: Mapping[str, Version], line: int
+    ) -> cst.BaseExpression:
+        """What backward reads `arg`'s shape off: its version, or the sub-expression
+        named in forward for its shape."""
+        if self.value(arg, env).kinds & {NUMBER, OTHER}:
+            shown = cst.Module([]).code_for_node(arg)
+            raise NoRule(line, f"`{shown}` may be a tensor or a number")
+        if isinstance(arg, cst.Name) and arg.value in env:
+            return placeholder(env[arg.value])
+        self.hoist(arg, env, metadata=True)
+        hoisted = self.hoisted.get(arg)
+        if hoisted is not None:
+            return placeholder(hoisted)
+        return parenthesize(as_expression(arg.visit(_Placeholders(env, self.hoisted))))
 
     def match(
         self, node: cst.BaseExpression, env: Mapping[str, Version], line: int

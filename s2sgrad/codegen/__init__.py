@@ -14,6 +14,7 @@ import libcst.matchers as m
 
 from s2sgrad.autodiff.inline import names_read
 from s2sgrad.autodiff.record import Differentiated
+from s2sgrad.autodiff.vjp import REDUCE
 from s2sgrad.codegen import types
 from s2sgrad.codegen.emit import emit
 from s2sgrad.codegen.fmt import format_code
@@ -31,21 +32,38 @@ from s2sgrad.values import SETITEM_NAME, param_value
 
 _ACCUMULATE = '''
 def _accumulate(total: Grad, grad: Grad) -> Grad:
-    """Add gradients where None stands for zero."""
-    return total if grad is None else grad if total is None else total + grad
+    """Add gradients where None stands for zero. `grad` has its value's shape; `total`
+    may be the closure's gradient unreduced, as PyTorch allows: summed to that shape
+    first, as autograd's engine would, or the sum would count `grad` once per row."""
+    if total is None or grad is None:
+        return grad if total is None else total
+    if total.shape != grad.shape:
+        total = total.sum_to_size(grad.shape)
+    return total + grad
 '''.lstrip()
 
 #: With list parameters, a gradient may be a list: it is added element by element.
 _ACCUMULATE_LISTS = '''
 def _accumulate(total: Any, grad: Any) -> Any:
-    """Add gradients where None is a gradient known to be zero; lists element-wise."""
-    if grad is None:
-        return total
-    if total is None:
-        return grad
+    """Add gradients where None stands for zero; lists element by element. `grad` has
+    its value's shape; `total` may be the closure's gradient unreduced, as PyTorch
+    allows: summed to that shape first, as autograd's engine would."""
+    if total is None or grad is None:
+        return grad if total is None else total
     if isinstance(total, (list, tuple)):
         return [_accumulate(t, g) for t, g in zip(total, grad, strict=True)]
+    if total.shape != grad.shape:
+        total = total.sum_to_size(grad.shape)
     return total + grad
+'''.lstrip()
+
+#: A sibling differentiator's gradient, as its backward returned it, summed to the
+#: shape of the argument it belongs to (autodiff/vjp.py, REDUCE).
+_REDUCE = '''
+def _reduce(grad: Grad, shape: torch.Size) -> Grad:
+    """`grad` summed to `shape`, as autograd's engine sums a gradient to its input's:
+    a differentiator's backward may return it unreduced; None stays None."""
+    return None if grad is None else grad.sum_to_size(shape)
 '''.lstrip()
 
 #: Forward's item store on a differentiable tensor (values.SETITEM), out of place.
@@ -75,13 +93,16 @@ try:  # private torch API; another torch takes Function.apply as is
     from torch._C import _are_functorch_transforms_active as _transforms_active
     from torch._C._functorch import get_interpreter_stack as _interpreters
     from torch._functorch.utils import unwrap_dead_wrappers as _unwrap
-    from torch.autograd.forward_ad import _set_fwd_grad_enabled
 
     _base_apply: Any = torch._C._FunctionBase.__dict__["apply"]
 except (ImportError, AttributeError, KeyError):
     _base_apply = None
 _JVP = "s2sgrad jvp"  # the ctx attribute of forward mode, no name of the user's
+#: Set while torch.func or forward mode differentiates the op: its Function's forward
+#: sees the inputs without their `requires_grad`, so `_requires_grad` answers for them.
+_differentiating = contextvars.ContextVar("s2sgrad differentiating", default=False)
 _unpack_dual: Any = forward_ad.unpack_dual
+_make_dual: Any = forward_ad.make_dual
 
 
 def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
@@ -92,14 +113,28 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
         if _base_apply is None:
             return _with_jvp(function).apply(*args)
         transforms = _transforms_active()
-        if transforms and _jvp_over_jvp(function):
-            return function.forward(*args)  # forward mode only: the forward's own code
-        if transforms or getattr(forward_ad, "_current_level", 0) >= 0:
+        if transforms and "first_order" in vars(function.backward):
+            _refuse_nesting(function)
+        if not transforms and getattr(forward_ad, "_current_level", 0) < 0:
+            return _base_apply.__get__(None, function)(*_unwrap(args))
+        token = _differentiating.set(True)
+        try:
+            if transforms and _jvp_over_jvp(function):
+                return _peeled(function, args)
             return _with_jvp(function).apply(*args)
-        return _base_apply.__get__(None, function)(*_unwrap(args))
+        finally:
+            _differentiating.reset(token)
     except (TypeError, AttributeError) as error:
         _number_for_tensor(function, args, error)
         raise
+
+
+def _requires_grad(tensor: Tensor) -> bool:
+    """`tensor.requires_grad`, as forward reads a parameter's: also True for a
+    floating-point tensor while torch.func or forward mode differentiates the op."""
+    return tensor.requires_grad or (
+        _differentiating.get() and _differentiable(tensor)
+    )
 
 
 def _number_for_tensor(function: Any, args: tuple[Any, ...], error: Exception) -> None:
@@ -120,47 +155,96 @@ def _number_for_tensor(function: Any, args: tuple[Any, ...], error: Exception) -
             ) from error
 
 
+def _refuse_nesting(function: type[torch.autograd.Function]) -> None:
+    """Raise where torch.func nests two derivatives around a first-order op."""
+    keys = [str(i.key()) for i in _interpreters() or ()]
+    if sum(k in ("TransformType.Grad", "TransformType.Jvp") for k in keys) > 1:
+        raise RuntimeError(vars(function.backward)["first_order"])
+
+
 def _jvp_over_jvp(function: type[torch.autograd.Function]) -> bool:
-    """Tell whether torch.func nests forward mode in forward mode here. torch does not
-    differentiate a Function's `jvp`, so that would lose the second-order tangents:
-    without reverse mode the op runs its forward's own code, with it this is an error."""
+    """Tell whether torch.func nests forward mode in forward mode here, innermost. torch
+    does not differentiate a Function's `jvp`, which would lose the second-order
+    tangents: `_peeled` takes the innermost level itself. Forward mode over forward
+    mode around reverse mode loses them where no level can be peeled: an error."""
     keys = [str(i.key()) for i in _interpreters() or ()]
     if keys.count("TransformType.Jvp") < 2:
         return False
-    if "TransformType.Grad" in keys:
+    if keys[-1] != "TransformType.Jvp":
         raise NotImplementedError(
             f"`{function.__name__}`: torch.func forward mode over forward mode with "
-            "reverse mode beside it (jacfwd over jacfwd over grad, say) would lose "
+            "reverse mode inside (jacfwd over jacfwd over grad, say) would lose "
             "second-order tangents of a custom Function; use jacfwd over jacrev"
         )
     return True
 
 
+def _peeled(function: type[torch.autograd.Function], args: tuple[Any, ...]) -> Any:
+    """`function.apply(*args)` under nested forward mode: the outer levels see the
+    Function (its `jvp`), the innermost level's tangents are computed here, as torch
+    code that the outer levels differentiate."""
+    pairs = [_unpack_dual(a) if isinstance(a, Tensor) else None for a in args]
+    primals = [a if p is None else p.primal for a, p in zip(args, pairs, strict=True)]
+    tangents = tuple(None if p is None else p.tangent for p in pairs)
+    output = _with_jvp(function).apply(*primals)
+    if all(t is None for t in tangents):
+        return output
+    ctx = _Context()
+    function.setup_context(ctx, tuple(primals), output)
+    setattr(ctx, _JVP, _layout(tuple(primals), output))
+    found = _transposed(function, ctx, tangents)
+    duals = [
+        o if t is None else _make_dual(o, t)
+        for o, t in zip(_outputs(output), _outputs(found), strict=True)
+    ]
+    return tuple(duals) if isinstance(output, tuple) else duals[0]
+
+
+class _Context:
+    """A ctx for `setup_context` outside autograd: what it saves, its attributes."""
+
+    saved_tensors: tuple[Tensor, ...] = ()
+    needs_input_grad = None
+
+    def save_for_backward(self, *tensors: Tensor) -> None:
+        self.saved_tensors = tensors
+
+    def set_materialize_grads(self, value: bool) -> None:
+        pass
+
+
+def _layout(inputs: Context, output: Any) -> tuple[Any, ...]:
+    """What `_transposed` needs to know of a call: the input tensors' shapes, each
+    differentiable output's shape, dtype and device, and whether there are several."""
+    shapes = [x.shape if isinstance(x, Tensor) else None for x in inputs]
+    outputs = [
+        (o.shape, o.dtype, o.device) if _differentiable(o) else None
+        for o in _outputs(output)
+    ]
+    return shapes, outputs, isinstance(output, tuple)
+
+
 @functools.cache
 def _with_jvp(function: type[torch.autograd.Function]) -> Any:
-    """`function` with a `jvp`. Its input tensors are saved after what its backward
-    reads, for backward and forward alike (torch.func tracks one set)."""
+    """`function` with a `jvp`: the transpose of its backward, so that forward mode
+    gives the derivative the user's backward defines (a straight-through estimator's
+    too). What backward reads is saved for forward mode as well."""
 
     def forward(*args: Any) -> Any:
-        return _distinct(function.forward(*args))
+        return _distinct(function.forward(*args), args)
 
     def setup_context(ctx: Any, inputs: Context, output: Any) -> None:
         function.setup_context(kept := _Kept(ctx), inputs, output)
-        where = [i for i, x in enumerate(inputs) if isinstance(x, Tensor)]
-        tensors = [*kept.saved, *(inputs[i] for i in where)]
-        ctx.save_for_backward(*tensors)
-        ctx.save_for_forward(*tensors)
-        rest = [None if i in where else x for i, x in enumerate(inputs)]
-        setattr(ctx, _JVP, (len(kept.saved), where, rest))
+        saved = kept.__dict__["s2sgrad saved"]
+        ctx.save_for_backward(*saved)
+        ctx.save_for_forward(*saved)
+        setattr(ctx, _JVP, _layout(inputs, output))
 
     def backward(ctx: Any, *grads: Grad) -> Any:
         return function.backward(_Kept(ctx), *grads)
 
     def jvp(ctx: Any, *tangents: Grad) -> Any:
-        start, where, inputs = getattr(ctx, _JVP)
-        for i, tensor in zip(where, ctx.saved_tensors[start:], strict=True):
-            inputs[i] = tensor
-        return _distinct(_jvp(function.forward, inputs, tangents))
+        return _distinct(_transposed(function, ctx, tangents), tangents)
 
     methods = (forward, setup_context, backward, jvp)
     own = {method.__name__: staticmethod(method) for method in methods}
@@ -168,66 +252,74 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
 
 
 class _Kept:
-    """The ctx that a Function's own methods see: their saved tensors only."""
+    """The ctx that a Function's own methods see: what they save is kept aside (the
+    runtime saves it for both modes), and forward mode asks for some gradients only.
+    Its own state sits under keys no attribute name can spell, so every attribute
+    the Function's context sets, `ctx.saved` or `ctx.ctx` included, stays the user's."""
 
-    def __init__(self, ctx: Any) -> None:
-        self.__dict__.update(ctx=ctx, saved=())
+    def __init__(self, ctx: Any, needs: tuple[bool, ...] | None = None) -> None:
+        self.__dict__.update({"s2sgrad ctx": ctx, "s2sgrad saved": (), "s2sgrad needs": needs})
 
     def save_for_backward(self, *tensors: Tensor) -> None:
-        self.__dict__["saved"] = tensors
+        self.__dict__["s2sgrad saved"] = tensors
 
     @property
-    def saved_tensors(self) -> Any:
-        return self.ctx.saved_tensors[: getattr(self.ctx, _JVP)[0]]
+    def needs_input_grad(self) -> Any:
+        return self.__dict__["s2sgrad needs"] or self.__dict__["s2sgrad ctx"].needs_input_grad
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.ctx, name)
+        return getattr(self.__dict__["s2sgrad ctx"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.ctx, name, value)
+        setattr(self.__dict__["s2sgrad ctx"], name, value)
 
 
-def _jvp(forward: Any, inputs: list[Any], tangents: tuple[Grad, ...]) -> Any:
-    """The tangents of `forward(*inputs)`: torch's forward mode through its code."""
-    wrt = [i for i, tangent in enumerate(tangents) if tangent is not None]
-    result: list[Any] = []
+def _transposed(function: Any, ctx: Any, tangents: tuple[Grad, ...]) -> Any:
+    """The output tangents `J t`, `J` the Jacobian that backward defines. Backward is
+    linear in its gradients, `g -> J^T g`: `J t` is that map's vector-Jacobian product
+    at `g = 0`, pulled back by `t`. Each gradient is summed to its input's shape first,
+    as autograd's engine would."""
+    shapes, outputs, several = getattr(ctx, _JVP)
+    wrt = [i for i, t in enumerate(tangents) if t is not None and shapes[i] is not None]
+    backward = getattr(function.backward, "__wrapped__", function.backward)
+    kept = _Kept(ctx, tuple(i in wrt for i in range(len(tangents))))
+    zeros = [torch.zeros(o[0], dtype=o[1], device=o[2]) for o in outputs if o]
 
-    def run(*values: Tensor) -> list[Tensor]:
-        for i, value in zip(wrt, values):
-            inputs[i] = value
-        result[:] = [forward(*inputs)]
-        return [o for o in _outputs(result[0]) if _differentiable(o)]
+    def gradients(*given: Tensor) -> tuple[Tensor, ...]:
+        grads = iter(given)
+        found = backward(kept, *(next(grads) if o else None for o in outputs))
+        found = found if isinstance(found, tuple) else (found,)
+        return tuple(
+            (
+                torch.zeros(shapes[i], dtype=tangents[i].dtype, device=tangents[i].device)  # type: ignore[union-attr]
+                if found[i] is None
+                else found[i].sum_to_size(shapes[i])
+            )
+            for i in wrt
+        )
 
-    tangent = [tangents[i] for i in wrt]
-    try:
-        if _base_apply is not None and not _transforms_active():  # forward_ad
-            with _set_fwd_grad_enabled(True):  # at its one dual level: no nesting
-                primal = [_unpack_dual(inputs[i]).primal for i in wrt]
-                found = run(*map(forward_ad.make_dual, primal, tangent))
-                found = [_unpack_dual(o).tangent for o in found]
-        else:  # torch.func transforms nest their own levels
-            primal = [inputs[i] for i in wrt]
-            found = torch.func.jvp(run, tuple(primal), tuple(tangent))[1]
-    except NotImplementedError as error:  # an op without a forward-mode formula
-        raise _no_jvp(error) from error
+    found: Any = [None] * len(zeros)
+    if wrt:
+        pull = torch.func.vjp(gradients, *zeros)[1]
+        found = pull(tuple(tangents[i] for i in wrt))
     out = iter(found)
-    out_tangents = [next(out) if _differentiable(o) else None for o in _outputs(result[0])]
-    return tuple(out_tangents) if isinstance(result[0], tuple) else out_tangents[0]
+    out_tangents = [next(out) if o else None for o in outputs]
+    return tuple(out_tangents) if several else out_tangents[0]
 
 
-def _distinct(outputs: Any) -> Any:
-    """`outputs` with a second copy of a tensor cloned: forward mode gives each output
-    tensor its own tangent, where the closure may return one tensor twice."""
-    if not isinstance(outputs, tuple):
-        return outputs
-    seen: set[int] = set()
+def _distinct(outputs: Any, inputs: tuple[Any, ...]) -> Any:
+    """`outputs`, each tensor its own: forward mode gives each output its own tangent,
+    where the closure may return one tensor twice, and a tangent that the transpose of
+    backward computes is no view, where an output may be an input or a view."""
+    several = isinstance(outputs, tuple)
+    seen = {id(x) for x in inputs if isinstance(x, Tensor)}
     found = []
-    for o in outputs:
-        if isinstance(o, Tensor) and id(o) in seen:
+    for o in outputs if several else (outputs,):
+        if isinstance(o, Tensor) and (id(o) in seen or o._is_view()):
             o = o.clone()
         seen.add(id(o))
         found.append(o)
-    return tuple(found)
+    return tuple(found) if several else found[0]
 
 
 def _outputs(result: Any) -> tuple[Any, ...]:
@@ -236,19 +328,89 @@ def _outputs(result: Any) -> tuple[Any, ...]:
 
 def _differentiable(value: Any) -> bool:
     return isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex())
+'''.lstrip()
 
 
-def _no_jvp(error: NotImplementedError) -> NotImplementedError:
-    """`error`, naming the forward statement that ran the op."""
-    here = _jvp.__code__.co_filename
-    tb = traceback.walk_tb(error.__traceback__)
-    frame, line = [(f, n) for f, n in tb if f.f_code.co_filename == here][-1]
-    statement = linecache.getline(here, line).strip() or f"line {line}"
-    return NotImplementedError(
-        f"forward mode (jvp) through `{frame.f_code.co_name}` ({here}:{line}): "
-        f"`{statement}` runs a torch op without a forward-mode derivative. "
-        + str(error).splitlines()[0]
-    )
+#: The runtime of `policy=first-order` differentiators, before them: their Function's
+#: backward is decorated with `_FirstOrder` when the class is defined.
+FIRST_ORDER_RUNTIME = '''
+# policy=first-order: a backward that answers first derivatives only.
+
+
+class _FirstOrder:
+    """Decorate the Function's backward under `policy=first-order`: its temporaries
+    are saved, not promoted, so its derivative would be wrong. It runs without
+    autograd, as `once_differentiable` does, and any second-order use raises instead
+    of answering: autograd differentiating what it returned (its saved tensors count,
+    where `once_differentiable` looks at the incoming gradients only), forward mode
+    through it, or torch.func transforms nested around the op."""
+
+    def __init__(self, name: str) -> None:
+        self.message = (
+            f"`{name}` was converted with policy=first-order: its backward saves "
+            "temporaries without promoting them, so a second derivative through it "
+            "would be wrong. Convert it with the default policy (promote) to "
+            "differentiate it twice, or take first derivatives only"
+        )
+
+    def __call__(self, backward: Any) -> Any:
+        message = self.message
+
+        @functools.wraps(backward)
+        def run(ctx: Any, *grads: Grad) -> Any:
+            tensors = [g for g in grads if isinstance(g, Tensor)]
+            tensors += ctx.saved_tensors
+            if _forward_mode_through(tensors):
+                raise RuntimeError(message)
+            with torch.no_grad():
+                found = backward(ctx, *grads)
+            if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+                return found
+            if _base_apply is not None and _transforms_active():
+                return found  # nesting them is refused where the op runs: _apply
+            several = isinstance(found, tuple)
+            found = found if several else (found,)
+            tracked = [t for t in tensors if t.requires_grad]  # the edges back
+            refused = _Refuse.apply(message, len(found), *found, *tracked)  # type: ignore[no-untyped-call]
+            return refused if several else refused[0]
+
+        vars(run)["first_order"] = message  # which _apply reads
+        return run
+
+
+def _forward_mode_through(tensors: list[Tensor]) -> bool:
+    """Tell whether forward mode would differentiate code that reads `tensors`."""
+    if _base_apply is not None and _transforms_active():
+        keys = [str(i.key()) for i in _interpreters() or ()]
+        if "TransformType.Jvp" in keys:
+            return True
+    if getattr(forward_ad, "_current_level", -1) < 0:
+        return False
+    return any(_unpack_dual(t).tangent is not None for t in tensors)
+
+
+class _Refuse(torch.autograd.Function):
+    """Pass a first-order backward's gradients on, with the tensors they depend on as
+    inputs, so that autograd reaches this node where anything differentiates them,
+    and raises."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(message: str, count: int, *tensors: Grad) -> Any:
+        return tuple(None if g is None else g.clone() for g in tensors[:count])
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Context, output: Any) -> None:
+        ctx.message = inputs[0]
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Grad) -> Any:
+        raise RuntimeError(ctx.message)
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Grad) -> Any:
+        raise RuntimeError(ctx.message)
 '''.lstrip()
 
 
@@ -433,6 +595,8 @@ def generate(
         body += cst.parse_module(SAVE_HELPERS.lstrip()).body
     if any(_stores_items(item) for item in records):
         body.append(cst.parse_statement(_SETITEM))
+    if any(_reduces(item) for item in records):
+        body.append(cst.parse_statement(_REDUCE))
     taken = set(parsed.module_names) | {
         name for item in records for name in vars(Names.of(item.source.name)).values()
     }
@@ -449,6 +613,8 @@ def generate(
     code = module(body).code + "\n\n" + RUNTIME
     if any(compiled.values()):  # before the differentiators, which call `_compiled`
         code = COMPILED_RUNTIME + "\n\n" + code
+    if any(item.first_order for item in records):  # decorates their Functions
+        code = FIRST_ORDER_RUNTIME + "\n\n" + code
     aliases, read = _aliases(code)
     imports = _imports(parsed, records, origin, used, read)
     code = aliases + "\n\n" + code
@@ -464,6 +630,13 @@ def _stores_items(item: Differentiated) -> bool:
     """Whether forward's statements call `_setitem` (values.SETITEM)."""
     call = m.Call(func=m.Name(SETITEM_NAME))
     return any(m.findall(s, call) for s in item.source.statements)
+
+
+def _reduces(item: Differentiated) -> bool:
+    """Whether the VJP blocks call `_reduce` (a sibling's gradient)."""
+    call = m.Call(func=m.Name(REDUCE))
+    blocks = item.gradients.blocks if item.gradients else ()
+    return any(m.findall(block, call) for block in blocks)
 
 
 def _compiles(item: Differentiated, options: Options) -> bool:
@@ -523,10 +696,9 @@ def _imports(
     used = [name for name in used if name in read]
     extra = [
         "from typing import Any, cast",
+        "import contextvars",
         "import functools",
         "import inspect",
-        "import linecache",
-        "import traceback",
         "from torch.autograd import forward_ad",
     ]
     if "_compiled" in read:
@@ -537,8 +709,6 @@ def _imports(
         ]
     if types.TENSOR in read:
         extra.append(f"from torch import {types.TENSOR}")
-    if any(item.once_differentiable for item in records):
-        extra.append("from torch.autograd.function import once_differentiable")
     if "math" not in used and any(_rules_read_math(item) for item in records):
         extra.append("import math")
     try:
@@ -599,17 +769,25 @@ _OWN_NAMES = (
     "_transforms_active",
     "_interpreters",
     "_unwrap",
-    "_set_fwd_grad_enabled",
     "_with_jvp",
     "_jvp_over_jvp",
-    "_Kept",
-    "_jvp",
-    "_JVP",
     "_unpack_dual",
+    "_differentiating",
+    "_requires_grad",
+    "_make_dual",
+    "_FirstOrder",
+    "_forward_mode_through",
+    "_refuse_nesting",
+    "_Refuse",
+    "_peeled",
+    "_Context",
+    "_layout",
+    "_transposed",
+    "_Kept",
+    "_JVP",
     "_outputs",
     "_distinct",
     "_differentiable",
-    "_no_jvp",
     "_number_for_tensor",
     "_compiled",
     "_Twice",
@@ -620,6 +798,7 @@ _OWN_NAMES = (
     "_eager_here",
     "_compile_failed",
     "_accumulate",
+    "_reduce",
     "_save",
     "_saved",
     SETITEM_NAME,
@@ -630,7 +809,16 @@ _OWN_NAMES = (
 #: user's code (an accumulation, the op's apply, `math` in inlined rules): a parameter
 #: or a local of the same name would hide them.
 _SHADOWED = frozenset(
-    {"_accumulate", "_apply", "_save", "_saved", SETITEM_NAME, "math"}
+    {
+        "_accumulate",
+        "_reduce",
+        "_apply",
+        "_requires_grad",
+        "_save",
+        "_saved",
+        SETITEM_NAME,
+        "math",
+    }
 )
 
 #: Names the generated module imports: the same objects are no collision.
@@ -638,11 +826,9 @@ _IMPORTED = {
     "Any": "from typing import Any",
     "cast": "from typing import cast",
     types.TENSOR: f"from torch import {types.TENSOR}",
-    "once_differentiable": "from torch.autograd.function import once_differentiable",
     "functools": "import functools",
+    "contextvars": "import contextvars",
     "inspect": "import inspect",
-    "linecache": "import linecache",
-    "traceback": "import traceback",
     "warnings": "import warnings",
     "contextlib": "import contextlib",
     "Iterator": "from collections.abc import Iterator",

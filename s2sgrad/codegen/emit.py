@@ -20,6 +20,9 @@ from s2sgrad.codegen.gradients import BackwardBody, backward_body
 from s2sgrad.cst import as_statement
 from s2sgrad.names import NameAllocator, Names
 
+#: The runtime's reading of a parameter's `.requires_grad` in forward.
+REQUIRES_GRAD = "_requires_grad"
+
 
 def _code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
@@ -121,6 +124,27 @@ def emit(
     ]
 
 
+class _RequiresGrad(cst.CSTTransformer):
+    """`p.requires_grad` of a parameter as `_requires_grad(p)` (runtime): inside the
+    Function under torch.func transforms and forward mode, an input that is being
+    differentiated does not say so itself."""
+
+    def __init__(self, params: set[str]) -> None:
+        self.params = params
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        value = updated_node.value
+        if (
+            updated_node.attr.value == "requires_grad"
+            and isinstance(value, cst.Name)
+            and value.value in self.params
+        ):
+            return cst.Call(cst.Name(REQUIRES_GRAD), [cst.Arg(value)])
+        return updated_node
+
+
 class _SiblingCalls(cst.CSTTransformer):
     """Point calls of sibling differentiators at their record pair.
 
@@ -190,7 +214,9 @@ def forward_def(record: Differentiated, names: Names, path: str) -> cst.Function
     result = _code(diff.result)
     context = _tuple([s.expression for s in record.context]) if record.context else "()"
     ret = cst.parse_statement(f"return {result}, {context}\n")
-    body = [_doc(docs.forward_doc(record, path)), *record.forward_statements, ret]
+    flags = _RequiresGrad({p.name for p in diff.params})
+    statements = [as_statement(s.visit(flags)) for s in record.forward_statements]
+    body = [_doc(docs.forward_doc(record, path)), *statements, ret]
     returns = types.of_result(record.outputs, diff.tuple_result)
     return cst.FunctionDef(
         name=cst.Name(names.forward),

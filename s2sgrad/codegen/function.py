@@ -502,8 +502,8 @@ class FunctionWriter:
     # -- backward -----------------------------------------------------------------------
     def backward(self) -> list[str]:
         lines = ["@staticmethod"]
-        if self.record.once_differentiable:
-            lines.append("@once_differentiable")
+        if self.record.first_order:
+            lines.append(f'@_FirstOrder("{self.diff.name}")')
         pairs = list(zip(self.grads, self.outputs, strict=True))
         plain = [g for g, o in pairs if not o.listed]
         listed = [g for g, o in pairs if o.listed]

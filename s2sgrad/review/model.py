@@ -106,7 +106,7 @@ class ReviewRecord:
     #: `line N: statement` for each forward statement the generated VJP differentiates.
     vjp_statements: tuple[str, ...]
     context: tuple[ContextSlot, ...]
-    once_differentiable: bool
+    first_order: bool
 
 
 def review(
@@ -180,7 +180,7 @@ def _record(
         temporaries=temporaries,
         vjp_statements=_vjp_statements(item),
         context=_context(item, attributes),
-        once_differentiable=item.once_differentiable,
+        first_order=item.first_order,
     )
 
 
@@ -209,8 +209,8 @@ def _temporaries(
             records.append(TemporaryRecord(name, "generated VJP", why, incoming[name]))
         else:
             why = (
-                f"the {policy} policy is set: backward is once_differentiable, so a "
-                "second-order gradient raises instead of missing this dependence"
+                f"the {policy} policy is set: backward is first-order only, so any "
+                "second-order use raises instead of missing this dependence"
             )
             records.append(TemporaryRecord(name, "saved only", why, None))
     return tuple(records)
@@ -233,7 +233,7 @@ def _gradient(saved: Saved, temporary: TemporaryRecord | None) -> str:
         return f"generated VJP: backward takes {temporary.grad_param}"
     if temporary.how == "recompute":
         return "recomputed in backward from saved inputs"
-    return "first order only: saved, backward is once_differentiable"
+    return "first order only: saved, a second-order use raises"
 
 
 def _captures(

@@ -192,8 +192,8 @@ def _temporaries(record: ReviewRecord) -> str:
     if record.vjp_statements:
         statements = ", ".join(f"<code>{_e(s)}</code>" for s in record.vjp_statements)
         items.append(f"<li>The generated VJP differentiates {statements}</li>")
-    if record.once_differentiable:
-        items.append("<li>backward is <code>once_differentiable</code></li>")
+    if record.first_order:
+        items.append("<li>backward is first-order only: a second-order use raises</li>")
     return f'<ul class="temporaries">{"".join(items)}</ul>'
 
 

@@ -169,8 +169,8 @@ def _temporaries(record: ReviewRecord) -> list[Line]:
     if record.vjp_statements:
         lines.append([("  The generated VJP differentiates:", None)])
         lines += [[(f"      {statement}", None)] for statement in record.vjp_statements]
-    if record.once_differentiable:
-        lines.append([("  backward is once_differentiable", None)])
+    if record.first_order:
+        lines.append([("  backward is first-order only: a second-order use raises", None)])
     return lines
 
 

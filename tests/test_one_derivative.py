@@ -1,0 +1,243 @@
+"""One derivative in every mode and at every order (DESIGN.md section 10).
+
+The derivative of a generated op is the one the user's backward defines: reverse mode,
+forward mode (`jvp` is the transpose of backward) and every nesting of them agree, also
+where backward is deliberately not forward's derivative (a straight-through estimator,
+a surrogate gradient). Under `policy=first-order` every second-order use raises one
+error naming the policy and the function; first-order uses keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch.func import hessian, jacfwd, jacrev, jvp, vjp, vmap
+
+from s2sgrad import transform
+
+SOURCE = """
+import torch
+import torch.nn.functional as F
+
+
+def ste(x: torch.Tensor):
+    \"\"\"Straight-through estimator: round forward, clipped identity backward.\"\"\"
+    y = torch.round(x)
+    def backward(g):
+        return g * (x.abs() <= 1).to(g.dtype)
+    return y, backward
+
+
+def cube_surrogate(x: torch.Tensor, w: torch.Tensor):
+    \"\"\"(x * w) ** 3 forward; backward deliberately uses 2 t where 3 t**2 is right.\"\"\"
+    t = x * w
+    def backward(g):
+        gt = g * 2 * t
+        return gt * w, (gt * x).sum_to_size(w.shape)
+    return t ** 3, backward
+
+
+def gated_mul(x: torch.Tensor, w: torch.Tensor):
+    \"\"\"x * w, whose backward skips the gradients of inputs that do not require grad.\"\"\"
+    need_x = x.requires_grad
+    need_w = w.requires_grad
+    y = x * w
+    def backward(g):
+        return (g * w if need_x else None), (g * x if need_w else None)
+    return y, backward
+
+
+def softplus_squared(x: torch.Tensor, w: torch.Tensor):
+    \"\"\"softplus(x * w) ** 2 with its true derivative; backward reads the temporary t.\"\"\"
+    t = F.softplus(x * w)
+    def backward(g):
+        gt = g * 2 * t * torch.sigmoid(x * w)
+        return gt * w, (gt * x).sum_to_size(w.shape)
+    return t ** 2, backward
+"""
+
+F64 = torch.float64
+
+
+def _load(policy: str = "promote") -> dict[str, Any]:
+    namespace: dict[str, Any] = {"__name__": f"one_derivative_{policy}"}
+    text = transform(SOURCE, "one_derivative.py", policy=policy)
+    exec(compile(text, "one_derivative_grad.py", "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def ops() -> dict[str, Any]:
+    return _load()
+
+
+@pytest.fixture(scope="module")
+def first_order() -> dict[str, Any]:
+    return _load("first-order")
+
+
+def _close(a: Any, b: Any, what: str) -> None:
+    torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=lambda m: f"{what}: {m}")
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    # Rows of x beside a broadcast w: a parameter shared across the batch.
+    x = torch.randn(3, 4, dtype=F64, generator=gen) * 1.5
+    w = torch.randn(4, dtype=F64, generator=gen)
+    return x, w
+
+
+def _flat(jacobians: Any) -> list[torch.Tensor]:
+    if isinstance(jacobians, (tuple, list)):
+        return [t for j in jacobians for t in _flat(j)]
+    return [jacobians]
+
+
+def test_straight_through_estimator_has_the_users_derivative_in_both_modes(ops):
+    x, _ = _inputs()
+    mask = (x.abs() <= 1).to(F64)
+    expected = torch.diag_embed(mask.flatten()).reshape(3, 4, 3, 4)
+    _close(jacrev(ops["ste"])(x), expected, "jacrev")
+    _close(jacfwd(ops["ste"])(x), expected, "jacfwd: the user's mask, not round's 0")
+    t = torch.randn_like(x)
+    _close(jvp(ops["ste"], (x,), (t,))[1], mask * t, "jvp")
+    with fwAD.dual_level():
+        out = ops["ste"](fwAD.make_dual(x, t))
+        _close(fwAD.unpack_dual(out).tangent, mask * t, "forward_ad")
+
+
+@pytest.mark.parametrize("name", ["cube_surrogate", "softplus_squared"])
+def test_forward_and_reverse_mode_agree_at_every_nesting(ops, name):
+    x, w = _inputs()
+    op = ops[name]
+    both = (0, 1)
+    for a, b in zip(
+        _flat(jacfwd(op, argnums=both)(x, w)),
+        _flat(jacrev(op, argnums=both)(x, w)),
+        strict=True,
+    ):
+        _close(a, b, "jacfwd == jacrev")
+    # jvp against vjp: <u, J t> == <J^T u, t>.
+    t, s, u = torch.randn_like(x), torch.randn_like(w), torch.randn_like(x)
+    _, tangent = jvp(op, (x, w), (t, s))
+    _, pull = vjp(op, x, w)
+    gx, gw = pull(u)
+    _close((tangent * u).sum(), (gx * t).sum() + (gw * s).sum(), "<u, J t>")
+
+    def loss(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (op(x, w) * x.sin()).sum()
+
+    reverse = jacrev(jacrev(loss, argnums=both), argnums=both)(x, w)
+    for a, b in zip(_flat(hessian(loss, argnums=both)(x, w)), _flat(reverse), strict=True):
+        _close(a, b, "hessian (forward over reverse) == reverse over reverse")
+    forward = jacfwd(jacfwd(loss, argnums=both), argnums=both)(x, w)
+    for a, b in zip(_flat(forward), _flat(reverse), strict=True):
+        _close(a, b, "forward over forward == reverse over reverse")
+
+
+def test_requires_grad_read_in_forward_means_differentiated_under_torch_func(ops):
+    """Inside the Function, torch.func and forward mode hand forward its inputs without
+    `requires_grad`: a backward gated on it must still give its gradients there."""
+    x, w = _inputs()
+    w = w.expand(3, 4).contiguous()
+    both = (0, 1)
+    for f in (jacrev, jacfwd):
+        jx, jw = f(ops["gated_mul"], argnums=both)(x, w)
+        _close(jx, torch.diag_embed(w.flatten()).reshape(3, 4, 3, 4), f.__name__)
+        _close(jw, torch.diag_embed(x.flatten()).reshape(3, 4, 3, 4), f.__name__)
+    per_row = vmap(torch.func.grad(lambda v, u: ops["gated_mul"](v, u).sum()))(x, w)
+    _close(per_row, w, "vmap of grad")
+    t = torch.randn_like(x)
+    with fwAD.dual_level():
+        out = ops["gated_mul"](fwAD.make_dual(x, t), w)
+        _close(fwAD.unpack_dual(out).tangent, t * w, "forward_ad")
+    xs = x.clone().requires_grad_()
+    (gx,) = torch.autograd.grad(ops["gated_mul"](xs, w).sum(), xs)
+    _close(gx, w, "reverse mode, w not requiring grad")
+
+
+def test_a_surrogate_keeps_its_own_derivative_not_the_forwards(ops):
+    """jacfwd of cube_surrogate is 2 t w (the backward's), where forward's is 3 t**2 w."""
+    x, w = _inputs()
+    got = jacfwd(lambda v: ops["cube_surrogate"](v, w))(x)
+    expected = torch.diag_embed((2 * x * w * w).flatten()).reshape(3, 4, 3, 4)
+    _close(got, expected, "jacfwd")
+
+
+def _second_order_uses(op: Any) -> dict[str, Any]:
+    """Every way people take a second derivative through `op`, as thunks."""
+    x0, w0 = _inputs()
+
+    def leaves() -> tuple[torch.Tensor, torch.Tensor]:
+        return x0.clone().requires_grad_(), w0.clone().requires_grad_()
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        return op(x, w0).sum()
+
+    def double_backward() -> None:
+        x, w = leaves()
+        (gx,) = torch.autograd.grad(op(x, w).sum(), x, create_graph=True)
+        torch.autograd.grad(gx.sum(), (x, w))
+
+    def gradient_penalty() -> None:
+        x, w = leaves()
+        out = op(x, w)
+        (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        torch.autograd.grad(out.sum() + (gx**2).sum(), (x, w))
+
+    def forward_over_reverse() -> None:
+        x, w = leaves()
+        with fwAD.dual_level():
+            out = op(fwAD.make_dual(x, torch.randn_like(x)), w)
+            torch.autograd.grad(out.sum(), w)
+
+    return {
+        "double backward": double_backward,
+        "gradient penalty": gradient_penalty,
+        "forward_ad over reverse": forward_over_reverse,
+        "hessian": lambda: hessian(loss)(x0),
+        "jacrev over jacrev": lambda: jacrev(jacrev(loss))(x0),
+        "jacfwd over jacfwd": lambda: jacfwd(jacfwd(loss))(x0),
+    }
+
+
+@pytest.mark.parametrize(
+    "use", list(_second_order_uses(lambda x, w: x).keys()), ids=lambda u: u
+)
+def test_first_order_policy_refuses_every_second_order_use(first_order, use):
+    thunk = _second_order_uses(first_order["softplus_squared"])[use]
+    with pytest.raises(
+        RuntimeError, match="`softplus_squared` was converted with policy=first-order"
+    ):
+        thunk()
+
+
+def test_first_order_policy_answers_first_derivatives(first_order):
+    x, w = _inputs()
+    op = first_order["softplus_squared"]
+    source: dict[str, Any] = {}
+    exec(SOURCE, source)
+
+    def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return source["softplus_squared"](x, w)[0]
+
+    both = (0, 1)
+    for f in (jacrev, jacfwd):
+        for a, b in zip(
+            _flat(f(op, argnums=both)(x, w)),
+            _flat(jacrev(reference, argnums=both)(x, w)),
+            strict=True,
+        ):
+            _close(a, b, f.__name__)
+    xs = x.clone().requires_grad_()
+    ws = w.clone().requires_grad_()
+    got = torch.autograd.grad(op(xs, ws).sum(), (xs, ws))
+    expected = torch.autograd.grad(reference(xs, ws).sum(), (xs, ws))
+    for a, b in zip(got, expected, strict=True):
+        _close(a, b, "backward")
+    per_row = vmap(torch.func.grad(lambda v: op(v, w).sum()))(x)
+    _close(per_row, torch.func.grad(lambda v: reference(v, w).sum())(x), "vmap of grad")
