@@ -394,7 +394,7 @@ def run_check(args: argparse.Namespace) -> int:
             if checked.status in ("wrong", "error"):
                 print(f"{line}\n{_indent(checked.report)}")
             elif args.verbosity >= 0:
-                print(line)
+                print(f"{line} ({checked.report})" if checked.report else line)
         say(args, f"{shown}: {len(found)} differentiator(s) in {took:.1f} s", 1)
     if not any(counts.values()):
         print("s2sgrad: no differentiators found", file=sys.stderr)
@@ -435,7 +435,7 @@ def _engine_flags() -> argparse.ArgumentParser:
         choices=["promote", "recompute", "first-order"],
         help="how backward gets the gradients of captured temporaries: promote them "
         "(generated VJP, the default), recompute them in backward, or save them and "
-        "make backward once_differentiable",
+        "take first derivatives only (a second-order use raises)",
     )
     flags.add_argument(
         "--line-length",

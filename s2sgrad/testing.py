@@ -2,11 +2,21 @@
 
 The closure's forward is plain torch, so torch.autograd through it is an exact oracle:
 first for the user's own backward (first order), then for the op s2sgrad generates from
-the closure at every order up to `order`. Gradients are compared as weighted sums with
-random weights (vector-Jacobian products), never by finite differences, at tolerances
-of the inputs' dtype. A mismatch raises `AssertionError` with a report a user can act
-on: the parameter, the order, the largest absolute and relative errors, the shapes, and
-the line of the closure's `backward` that returns that gradient.
+the closure at every order up to `order`, in the two shapes of DESIGN.md section 10:
+each order alone (order k+1 of `sum(v * grad_k)`) and mixed with the output (one
+backward of `sum(w * out) + sum(v * grad)`, as a gradient penalty takes it), then in
+forward mode (the op's `jvp` against its own vector-Jacobian products, which are
+checked by then). The inputs checked are the tensors that require grad, as
+`torch.autograd.gradcheck` takes them; where the examples mark none, every
+floating-point tensor. A differentiator whose backward is meant to differ from
+forward's derivative says so with `# s2sgrad: surrogate=true`, and the oracle is then
+the derivative that backward defines, at every order (`_Surrogate`).
+
+Gradients are compared as weighted sums with random weights (vector-Jacobian products),
+never by finite differences, at tolerances of the inputs' dtype. A mismatch raises
+`AssertionError` with a report a user can act on: the parameter, the order and shape of
+the loss, the largest absolute and relative errors (the expected magnitude where it is
+0), the shapes, and the line of the closure's `backward` that returns that gradient.
 
 `s2sgrad check` (cli.py) runs the same check for the differentiators a module gives
 example inputs for in `S2SGRAD_EXAMPLES`.
@@ -29,6 +39,8 @@ import torch
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from s2sgrad.diagnostics import TransformError
+from s2sgrad.frontend.locate import Locator
+from s2sgrad.frontend.parse import read_pragmas
 from s2sgrad.options import Options
 from s2sgrad.sources import display_path
 
@@ -42,6 +54,24 @@ _TOLERANCES = {
     torch.complex64: (1e-4, 1e-5),
 }
 _LOW_PRECISION = (1e-2, 1e-3)  # float16, bfloat16
+#: Seed offsets of the mixed losses' weights and of forward mode's tangents, apart
+#: from the pure chain's (seed + level).
+_MIXED, _TANGENTS = 1000, 2000
+_SURROGATE = "`# s2sgrad: surrogate=true`"
+#: What each shape of loss is called in a report, long (its heading) and short.
+_SHAPES = {
+    "alone": ("", ""),
+    "mixed": (
+        " mixed with the output (one backward of sum(w * out) + sum(v * grad), as a "
+        "gradient penalty takes it)",
+        " mixed with the output",
+    ),
+    "forward": (
+        " in forward mode (the op's jvp, by the dot-product test with its reverse "
+        "mode)",
+        " in forward mode",
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,42 +82,72 @@ class Mismatch:
     order: int
     what: str
     max_abs: float
-    max_rel: float
+    #: over the wrong entries whose expected value is not 0; None where all are 0
+    max_rel: float | None
     shape: tuple[int, ...] | None
     expected_shape: tuple[int, ...]
     returned_at: str
+    #: the loss: "alone" (order k of `sum(v * grad_k-1)`), "mixed" (with the output
+    #: and the lower orders in one loss) or "forward" (the op's jvp)
+    kind: str = "alone"
+    #: the largest expected magnitude, given where some wrong entry expects 0
+    scale: float | None = None
+    #: forward mode: sum(u * jvp(t)) and sum(vjp(u) * t), which should be equal
+    products: tuple[float, float] | None = None
+
+    def heading(self) -> str:
+        return f"order {self.order}{_SHAPES[self.kind][0]}"
 
     def describe(self) -> str:
-        if self.shape is None:
-            got = "no gradient (None), expected one"
-        elif self.shape != self.expected_shape:
-            got = f"shape {self.shape}, expected {self.expected_shape}"
-        else:
-            got = (
-                f"max abs error {self.max_abs:.3g}, max rel error {self.max_rel:.3g} "
-                f"(shape {self.shape})"
+        label = f"gradient of `{self.parameter}`, order {self.order}"
+        label += f"{_SHAPES[self.kind][1]}, {self.what}"
+        if self.products is not None:
+            jvp, vjp = self.products
+            where = "every input" if ", " in self.parameter else "this input alone"
+            return (
+                f"- {label}: sum(u * jvp(t)) = {jvp:.6g}, sum(vjp(u) * t) = {vjp:.6g} "
+                f"(tangent t in {where}; abs error {self.max_abs:.3g})"
             )
-        return (
-            f"- gradient of `{self.parameter}`, order {self.order}, {self.what}: {got}\n"
-            f"  returned by {self.returned_at}"
-        )
+        return f"- {label}: {self._error()}\n  returned by {self.returned_at}"
+
+    def _error(self) -> str:
+        if self.shape is None:
+            return "no gradient (None), expected one"
+        if self.shape != self.expected_shape:
+            return f"shape {self.shape}, expected {self.expected_shape}"
+        if self.max_rel is None:
+            text = f"max abs error {self.max_abs:.3g} where 0 is expected"
+        else:
+            text = f"max abs error {self.max_abs:.3g}, max rel error {self.max_rel:.3g}"
+        notes = [f"shape {self.shape}"]
+        if self.scale is not None:
+            notes.insert(0, f"largest expected magnitude {self.scale:.3g}")
+            if self.max_rel is not None:
+                notes.insert(0, "0 is expected at some wrong entries")
+        return f"{text} ({'; '.join(notes)})"
 
 
 def check_gradients(
     fn: Callable[..., Any], *args: Any, order: int = 2, seed: int = 0, **kwargs: Any
-) -> None:
+) -> str:
     """Check `fn`'s backward, then the op s2sgrad generates from `fn`, against
-    torch.autograd through `fn`'s own forward; raise `AssertionError` on a mismatch.
+    torch.autograd through `fn`'s own forward; raise `AssertionError` on a mismatch,
+    else return one line that says what was checked.
 
     `fn` is the closure-style function as written (forward returning its result and a
-    `backward` closure); `args` and `kwargs` are example inputs: tensors (floating-point
-    ones are differentiated), lists of tensors, and plain values. Orders 2 and up check
-    the generated op (its gradients of gradients), which is where a backward that is
-    right once but not differentiable (`.detach()`, `.data`) shows.
+    `backward` closure); `args` and `kwargs` are example inputs: tensors, lists of
+    tensors, and plain values. The tensors that require grad are checked, as
+    `torch.autograd.gradcheck` checks them; where none does, every floating-point one.
+    Orders 2 and up check the generated op (its gradients of gradients, each order
+    alone and mixed with the output), which is where a backward that is right once but
+    not differentiable (`.detach()`, `.data`) shows; then its forward mode. With
+    `# s2sgrad: surrogate=true` in `fn`, the op is checked against the derivative
+    `fn`'s backward defines instead.
     """
-    report = _check(fn, args, kwargs, order, seed, Options())
-    if report:
-        raise AssertionError(report)
+    outcome = _check(fn, args, kwargs, order, seed, Options())
+    if outcome.wrong:
+        raise AssertionError(outcome.text)
+    return outcome.text
 
 
 def _check(
@@ -97,87 +157,95 @@ def _check(
     order: int,
     seed: int,
     options: Options,
-) -> str | None:
-    """The report of what is wrong with `fn`'s gradients; None when they are right."""
+) -> _Outcome:
+    """Whether `fn`'s gradients are wrong, and the report or what was checked."""
     if order < 1:
         raise ValueError(f"order must be at least 1, got {order}")
     rule = _Rule(fn, args, kwargs)
-    found = rule.check_backward(seed)
+    found = [] if rule.surrogate else rule.check_backward(seed)
     if not found:
         found = rule.check_op(generated_op(fn, options), order, seed)
-    return rule.report(found) if found else None
+    text = rule.report(found) if found else rule.summary(order)
+    return _Outcome(bool(found), text, rule.surrogate)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    wrong: bool
+    #: the report where wrong, else one line that says what was checked
+    text: str
+    #: checked against the user's backward (`# s2sgrad: surrogate=true`)
+    surrogate: bool
 
 
 class _Rule:
-    """A closure-style function with example inputs."""
+    """A closure-style function with example inputs, and the inputs it is checked in."""
 
     def __init__(
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
     ) -> None:
         self.fn = fn
         signature = inspect.signature(fn)
-        bound = signature.bind(*args, **kwargs)
+        self.bound = signature.bind(*args, **kwargs)
         self.names = list(signature.parameters)
-        self.bound = bound
-        self.returns = _Returns(fn)
+        self.source = _Source(fn)
+        self.surrogate = self.source.pragmas.get("surrogate") == "true"
         self.backward: Callable[..., Any] | None = None
+        #: (label such as `x` or `xs[1]`, parameter, index in its list, tensor)
+        self.inputs = _checked_inputs(self.bound.arguments)
+        self.labels = [label for label, *_ in self.inputs]
 
     # -- inputs ----------------------------------------------------------------------
 
-    def fresh(self) -> tuple[list[Any], dict[str, Any], list[tuple[str, torch.Tensor]]]:
-        """Call arguments with fresh leaves for every floating-point tensor, and those
-        leaves named `x` or `xs[1]`."""
-        leaves: list[tuple[str, torch.Tensor]] = []
+    def leaves(self) -> list[torch.Tensor]:
+        """Fresh leaves that require grad, one per checked input."""
+        return [t.detach().clone().requires_grad_() for *_, t in self.inputs]
 
-        def leaf(name: str, value: Any) -> Any:
-            if isinstance(value, torch.Tensor) and _differentiable(value):
-                copy = value.detach().clone().requires_grad_()
-                leaves.append((name, copy))
-                return copy
-            return value
-
+    def call(self, fn: Callable[..., Any], values: Sequence[Any], seed: int) -> Any:
+        """`fn` on the example inputs with `values` for the checked ones, from the
+        same random state each time."""
         arguments = dict(self.bound.arguments)
-        for name, value in arguments.items():
-            if isinstance(value, (list, tuple)) and any(
-                isinstance(v, torch.Tensor) for v in value
-            ):
-                items = [leaf(f"{name}[{i}]", v) for i, v in enumerate(value)]
-                arguments[name] = type(value)(items)
+        for (_, name, index, _), value in zip(self.inputs, values, strict=True):
+            if index is None:
+                arguments[name] = value
             else:
-                arguments[name] = leaf(name, value)
+                items = list(arguments[name])
+                items[index] = value
+                arguments[name] = type(self.bound.arguments[name])(items)
         call = inspect.BoundArguments(self.bound.signature, arguments)
-        return list(call.args), dict(call.kwargs), leaves
+        with _same_random_numbers(seed):
+            return fn(*call.args, **call.kwargs)
+
+    def closure(self, values: Sequence[Any], seed: int) -> tuple[Any, Any]:
+        """(result, backward) of the closure's forward on `values`."""
+        result, self.backward = _split(self.call(self.fn, values, seed))
+        return result, self.backward
 
     # -- first order: the user's backward ----------------------------------------------
 
     def check_backward(self, seed: int) -> list[Mismatch]:
-        args, kwargs, leaves = self.fresh()
-        with _same_random_numbers(seed):
-            result, backward = _split(self.fn(*args, **kwargs))
-        self.backward = backward
+        leaves = self.leaves()
+        result, backward = self.closure(leaves, seed)
         outputs = _tensors(result)
         weights = _weights(outputs, seed)
-        expected = _grad(outputs, weights, [t for _, t in leaves], create_graph=False)
+        expected = _grad(outputs, weights, leaves, create_graph=False)
         with torch.no_grad():
             returned = backward(*_cotangents(result, weights, backward))
-        got = self._per_leaf(returned)
+        got = self.per_leaf(returned)
         found = []
-        for (name, tensor), want in zip(leaves, expected, strict=True):
+        for label, want, leaf in zip(self.labels, expected, leaves, strict=True):
             found += self._compare(
-                name, got.get(name), want, tensor, 1, "your backward"
+                label, got.get(label), want, leaf, 1, "your backward"
             )
         return found
 
-    def _per_leaf(self, returned: Any) -> dict[str, Any]:
+    def per_leaf(self, returned: Any) -> dict[str, Any]:
         """The gradient `backward` returned for each leaf name (None: none given),
         read as the generated op reads it: one entry per parameter, a list parameter's
         entry any iterable of gradients; a lone list parameter's gradients may come
         bare or in a 1-tuple."""
         listed = {
-            name
-            for name, value in self.bound.arguments.items()
-            if isinstance(value, (list, tuple))
-            and any(isinstance(v, torch.Tensor) for v in value)
+            name for name, value in self.bound.arguments.items() if _listed(value)
         }
         if len(self.names) == 1 and self.names[0] in listed:
             bare = isinstance(returned, tuple) and len(returned) == 1
@@ -201,22 +269,81 @@ class _Rule:
 
     # -- every order: the generated op ---------------------------------------------------
 
+    def reference(self, leaves: Sequence[torch.Tensor], seed: int) -> Any:
+        """The oracle's result on `leaves`: the closure's forward, through which
+        torch.autograd differentiates; or, for a surrogate, `_Surrogate`."""
+        if self.surrogate:
+            return _Surrogate.apply(self, seed, *leaves)  # type: ignore[no-untyped-call]
+        return self.closure(leaves, seed)[0]
+
     def check_op(self, op: Callable[..., Any], order: int, seed: int) -> list[Mismatch]:
-        found: list[Mismatch] = []
-        args, kwargs, leaves = self.fresh()
-        with _same_random_numbers(seed):
-            returned = op(*args, **kwargs)
-        mine = _orders(returned, [t for _, t in leaves], order, seed)
-        args, kwargs, leaves = self.fresh()
-        with _same_random_numbers(seed):
-            result, _ = _split(self.fn(*args, **kwargs))
-        oracle = _orders(result, [t for _, t in leaves], order, seed)
-        for k, (got, want) in enumerate(zip(mine, oracle, strict=True), start=1):
-            for (name, tensor), g, w in zip(leaves, got, want, strict=True):
-                found += self._compare(name, g, w, tensor, k, "the generated op")
+        """The op's gradients against the oracle's at orders 1 to `order`, alone
+        and mixed, stopping at the first wrong one; then the op's forward mode."""
+        leaves = self.leaves()
+        mine, weights = _reverse(
+            _tensors(self.call(op, leaves, seed)), leaves, order, seed
+        )
+        theirs_at = self.leaves()
+        result = self.reference(theirs_at, seed)
+        theirs, _ = _reverse(_tensors(result), theirs_at, order, seed)
+        for (k, kind, got), (_, _, want) in zip(mine, theirs, strict=True):
+            found = []
+            for label, g, w, leaf in zip(self.labels, got, want, leaves, strict=True):
+                found += self._compare(label, g, w, leaf, k, "the generated op", kind)
             if found:
-                break
-        return found
+                return found
+        pure = [grads for _, kind, grads in mine if kind == "alone"]
+        return self.check_forward(op, pure, weights, seed)
+
+    def check_forward(
+        self,
+        op: Callable[..., Any],
+        pure: list[list[torch.Tensor]],
+        weights: list[list[torch.Tensor | None]],
+        seed: int,
+    ) -> list[Mismatch]:
+        """The op's forward mode against its reverse mode (checked by now), the
+        dot-product test: at order k, `sum(u * jvp(t))` of the order k-1 gradients
+        (the outputs at k = 1) equals `sum(grad_k * t)`, with `u` the weights that
+        made `grad_k`, for a tangent `t` in every input; where it does not, in one
+        input at a time, to say which."""
+        values = tuple(t.detach() for *_, t in self.inputs)
+        if not values or any(v.is_complex() for v in values):
+            return []  # forward mode is checked for real inputs only
+        generator = torch.Generator().manual_seed(seed + _TANGENTS)
+        tangents = [
+            torch.randn(v.shape, generator=generator, dtype=v.dtype) for v in values
+        ]
+        read = [w is not None for w in weights[0]]
+
+        def level(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            outputs = _tensors(self.call(op, xs, seed))
+            return tuple(o for o, r in zip(outputs, read, strict=True) if r)
+
+        def test(
+            k: int,
+            u: tuple[torch.Tensor, ...],
+            grads: list[torch.Tensor],
+            i: int | None,
+        ) -> list[Mismatch]:
+            inputs = range(len(values)) if i is None else [i]
+            along = tuple(
+                t if j in inputs else torch.zeros_like(t)
+                for j, t in enumerate(tangents)
+            )
+            moved = torch.func.jvp(level, values, along)[1]
+            label = ", ".join(self.labels[j] for j in inputs)
+            pairs = [(grads[j].detach(), tangents[j]) for j in inputs]
+            return _dot(label, k, u, moved, pairs)
+
+        for k, (grads, used) in enumerate(zip(pure, weights, strict=True), start=1):
+            u = tuple(w for w in used if w is not None)
+            found = test(k, u, grads, None)
+            if found:
+                alone = [m for i in range(len(values)) for m in test(k, u, grads, i)]
+                return alone or found
+            level = _pulled(level, u)
+        return []
 
     # -- comparing and reporting -------------------------------------------------------
 
@@ -228,65 +355,243 @@ class _Rule:
         leaf: torch.Tensor,
         order: int,
         what: str,
+        kind: str = "alone",
     ) -> list[Mismatch]:
-        where = self.returns.at(self._position(name), self.backward)
+        where = self.source.at(self._position(name), self.backward)
         shape = tuple(want.shape)
+        want = want.detach()
         if got is None:
-            if bool(want.detach().abs().max() == 0) if want.numel() else True:
+            if not want.numel() or bool(want.abs().max() == 0):
                 return []
-            return [Mismatch(name, order, what, 0.0, 0.0, None, shape, where)]
+            return [Mismatch(name, order, what, 0.0, None, None, shape, where, kind)]
         got = torch.as_tensor(got).detach()
         if tuple(got.shape) != shape:
             try:  # as torch.autograd takes a gradient: summed to the input's shape
                 got = got.sum_to_size(shape)
             except RuntimeError:
-                wrong = tuple(got.shape)
-                return [Mismatch(name, order, what, 0.0, 0.0, wrong, shape, where)]
-        want = want.detach()
-        if not want.numel():
+                returned = tuple(got.shape)
+                return [
+                    Mismatch(name, order, what, 0.0, None, returned, shape, where, kind)
+                ]
+        figures = _errors(got, want, leaf.dtype)
+        if figures is None:
             return []
-        rtol, atol = _TOLERANCES.get(leaf.dtype, _LOW_PRECISION)
-        scale = 1.0 + float(want.abs().max())
-        error = (got.to(want.dtype) - want).abs()
-        if bool((error <= atol * scale + rtol * want.abs()).all()):
-            return []
-        relative = error / want.abs().clamp_min(torch.finfo(error.dtype).tiny)
+        max_abs, max_rel, scale = figures
         return [
             Mismatch(
-                name,
-                order,
-                what,
-                float(error.max()),
-                float(relative[error > atol * scale].max()),
-                shape,
-                shape,
-                where,
+                name, order, what, max_abs, max_rel, shape, shape, where, kind, scale
             )
         ]
 
     def _position(self, name: str) -> int:
         return self.names.index(name.split("[")[0])
 
+    def oracle(self) -> str:
+        if self.surrogate:
+            return (
+                f"the derivative your backward defines ({_SURROGATE}), at every order"
+            )
+        return "torch.autograd through the closure's own forward"
+
     def report(self, found: list[Mismatch]) -> str:
         fn = self.fn
         where = f"{_file(fn)}:{fn.__code__.co_firstlineno}"
         first = found[0]
-        oracle = "torch.autograd through the closure's own forward"
         lines = [
-            f"`{fn.__name__}` ({where}): wrong gradient at order {first.order}, "
-            f"{first.what} against {oracle}:",
+            f"`{fn.__name__}` ({where}): wrong gradient at {first.heading()}, "
+            f"{first.what} against {self.oracle()}:",
             *(m.describe() for m in found),
         ]
-        if first.what == "the generated op" and first.order > 1:
+        if first.kind == "mixed":
+            lines.append(
+                "  each order alone is right; the op adds the output's gradient and "
+                "its gradients' gradients wrongly when one backward gets both: a bug "
+                "in s2sgrad, please report it"
+            )
+        elif first.kind == "forward":
+            lines.append(
+                "  reverse mode is right at every order; the op's forward mode "
+                "(torch.func.jvp, jacfwd, hessian) disagrees with it"
+            )
+        elif first.what == "the generated op" and first.order > 1 and self.surrogate:
+            lines.append(
+                "  the op is right at first order; at this order it differs from your "
+                "backward's own derivative (through the values it reads): a bug in "
+                "s2sgrad, please report it"
+            )
+        elif first.what == "the generated op" and first.order > 1:
             lines.append(
                 "  your backward is right at first order; its own derivative is not "
                 "(does it detach a value, read `.data`, or leave torch?)"
             )
         return "\n".join(lines)
 
+    def summary(self, order: int) -> str:
+        """What a check that found nothing wrong checked."""
+        orders = "order 1" if order == 1 else f"orders 1 to {order}"
+        if order > 1:
+            orders += " (each alone and mixed with the output)"
+        checked = ", ".join(f"`{label}`" for label in self.labels) or "none"
+        return (
+            f"`{self.fn.__name__}`: right at {orders}, in reverse and forward mode, "
+            f"against {self.oracle()}; inputs checked: {checked}"
+        )
 
-class _Returns:
-    """Where the closure's `backward` returns each gradient (libcst positions)."""
+
+class _Surrogate(torch.autograd.Function):
+    """The derivative a closure's backward defines, at every order: forward runs the
+    closure's forward; backward runs it again from the saved inputs with grad on and
+    calls its `backward` on the incoming gradients, so that the next order is
+    backward's own derivative, through the temporaries it reads."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, rule: _Rule, seed: int, *values: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.rule, ctx.seed, ctx.count = rule, seed, len(values)
+        outputs = tuple(_tensors(rule.closure(values, seed)[0]))
+        ctx.save_for_backward(*values, *outputs)
+        ctx.mark_non_differentiable(*(o for o in outputs if not _differentiable(o)))
+        return outputs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        rule: _Rule = ctx.rule
+        values = ctx.saved_tensors[: ctx.count]
+        with torch.enable_grad():
+            result, backward = rule.closure(values, ctx.seed)
+            _read_own_outputs(backward, _tensors(result), ctx.saved_tensors[ctx.count :])
+            weights = [
+                g if _differentiable(o) else None
+                for o, g in zip(_tensors(result), grads, strict=True)
+            ]
+            returned = rule.per_leaf(backward(*_cotangents(result, weights, backward)))
+        found = [
+            _summed(returned.get(label), v)
+            for label, v in zip(rule.labels, values, strict=True)
+        ]
+        return None, None, *found
+
+
+def _read_own_outputs(
+    backward: Callable[..., Any],
+    recomputed: list[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+) -> None:
+    """Point `backward`'s captures of the recomputed outputs at this Function's own, as
+    the generated op's backward reads its outputs: their derivative at the next order
+    is then the one backward defines, where a temporary's is forward's."""
+    own = {id(r): o for r, o in zip(recomputed, outputs, strict=True)}
+    for cell in getattr(backward, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # a name forward had not bound yet
+            continue
+        if id(value) in own:
+            cell.cell_contents = own[id(value)]
+
+
+def _checked_inputs(
+    arguments: dict[str, Any],
+) -> list[tuple[str, str, int | None, torch.Tensor]]:
+    """The tensors among `arguments` (and in their lists) that require grad, as
+    `torch.autograd.gradcheck` chooses; where none does, every floating-point one."""
+    found: list[tuple[str, str, int | None, torch.Tensor]] = []
+    for name, value in arguments.items():
+        if _listed(value):
+            found += [
+                (f"{name}[{i}]", name, i, v)
+                for i, v in enumerate(value)
+                if isinstance(v, torch.Tensor)
+            ]
+        elif isinstance(value, torch.Tensor):
+            found.append((name, name, None, value))
+    marked = [c for c in found if c[3].requires_grad]
+    return marked or [c for c in found if _differentiable(c[3])]
+
+
+def _errors(
+    got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype
+) -> tuple[float, float | None, float | None] | None:
+    """(max abs error, max rel error, largest expected magnitude) where `got` is not
+    `want` at the tolerances of `dtype`, else None. The relative error is taken only
+    where something else than 0 is expected (None where nothing else is), and the
+    magnitude given only where some wrong entry expects 0: against 0, the absolute
+    error and the gradient's scale are what a reader can weigh."""
+    if not want.numel():
+        return None
+    rtol, atol = _TOLERANCES.get(dtype, _LOW_PRECISION)
+    largest = float(want.abs().max())
+    error = (got.to(want.dtype) - want).abs()
+    wrong = error > atol * (1.0 + largest) + rtol * want.abs()
+    if not bool(wrong.any()):
+        return None
+    nonzero = wrong & (want != 0)
+    relative = error[nonzero] / want.abs()[nonzero]
+    zero = bool((wrong & (want == 0)).any())
+    return (
+        float(error.max()),
+        float(relative.max()) if relative.numel() else None,
+        largest if zero else None,
+    )
+
+
+def _listed(value: Any) -> bool:
+    """Whether a parameter's value is a list (or tuple) of tensors."""
+    return isinstance(value, (list, tuple)) and any(
+        isinstance(v, torch.Tensor) for v in value
+    )
+
+
+def _summed(grad: Any, value: torch.Tensor) -> Any:
+    """A gradient summed to its input's shape, as torch.autograd takes one."""
+    if isinstance(grad, torch.Tensor) and grad.shape != value.shape:
+        return grad.sum_to_size(value.shape)
+    return grad
+
+
+def _dot(
+    label: str,
+    order: int,
+    u: Sequence[torch.Tensor],
+    moved: Sequence[torch.Tensor],
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+) -> list[Mismatch]:
+    """The dot-product test of forward mode: `sum(u * jvp(t)) == sum(grad * t)` over
+    (grad, t) `pairs`, at a tolerance scaled by the magnitudes of the terms summed."""
+    jvp_terms = [(w * m).flatten() for w, m in zip(u, moved, strict=True)]
+    vjp_terms = [(g * t).flatten() for g, t in pairs]
+    jvp = float(sum(x.sum() for x in jvp_terms))
+    vjp = float(sum(x.sum() for x in vjp_terms))
+    scale = float(sum(x.abs().sum() for x in [*jvp_terms, *vjp_terms]))
+    rtol, atol = _TOLERANCES.get(pairs[0][1].dtype, _LOW_PRECISION)
+    error = abs(jvp - vjp)
+    if error <= atol * (1.0 + scale) + rtol * abs(vjp):
+        return []
+    what = "the generated op"
+    return [
+        Mismatch(
+            label, order, what, error, None, (), (), "", "forward", None, (jvp, vjp)
+        )
+    ]
+
+
+def _pulled(
+    level: Callable[..., tuple[torch.Tensor, ...]], u: tuple[torch.Tensor, ...]
+) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """The next level of gradients as a function of the inputs: `level`'s
+    vector-Jacobian product with `u` (torch.func, so that jvp can go through it)."""
+
+    def pulled(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        vjp = torch.func.vjp(level, *xs)[1]
+        return tuple(vjp(u))
+
+    return pulled
+
+
+class _Source:
+    """What the checker reads in the closure's source (libcst positions): its pragmas,
+    and where its `backward` returns each gradient."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
@@ -294,9 +599,11 @@ class _Returns:
         #: per closure in `fn` (by its `def` line): (line, line of each element) of
         #: each of its `return` statements
         self.returns: dict[int, list[tuple[int, list[int]]]] = {}
+        #: `# s2sgrad: key=value` in `fn`; a misspelt one raises TransformError
+        self.pragmas: dict[str, str] = {}
         try:
-            lines = linecache.getlines(inspect.getsourcefile(fn) or "")
-            wrapper = MetadataWrapper(cst.parse_module("".join(lines)))
+            source = "".join(linecache.getlines(inspect.getsourcefile(fn) or ""))
+            wrapper = MetadataWrapper(cst.parse_module(source))
         except (TypeError, OSError, cst.ParserSyntaxError):
             return
         positions = wrapper.resolve(PositionProvider)
@@ -309,6 +616,7 @@ class _Returns:
         ]
         if not outer:
             return
+        self.pragmas = read_pragmas(outer[0], Locator(self.path, source, positions))
         for backward in _backward_defs(outer[0]):
             spots = self.returns.setdefault(_def_line(backward, positions), [])
             for ret in _returns(backward):
@@ -504,25 +812,37 @@ def _grad(
         leaves,
         [w for _, w in pairs],
         create_graph=create_graph,
+        retain_graph=True,  # the pure and the mixed chain differentiate one graph
         allow_unused=True,
         materialize_grads=True,
     )
     return list(found)
 
 
-def _orders(
-    result: Any, leaves: list[torch.Tensor], order: int, seed: int
-) -> list[list[torch.Tensor]]:
-    """Gradients of orders 1..order: each order differentiates a random weighted sum
-    of the previous one's gradients."""
-    outputs = _tensors(result)
-    found = []
-    for k in range(order):
-        weights = _weights(outputs, seed + k)
-        grads = _grad(outputs, weights, leaves, create_graph=k + 1 < order)
-        found.append(grads)
-        outputs = [g for g in grads]
-    return found
+def _reverse(
+    outputs: list[torch.Tensor], leaves: list[torch.Tensor], order: int, seed: int
+) -> tuple[list[tuple[int, str, list[torch.Tensor]]], list[list[torch.Tensor | None]]]:
+    """Gradients of orders 1..order in both shapes, (order, "alone" or "mixed",
+    gradients) each, and the weights the pure chain used at each level.
+
+    Alone, order k differentiates a random weighted sum of order k-1's gradients;
+    mixed, order k differentiates one loss that keeps the output's weighted sum and
+    each lower mixed order's (`sum(w * out) + sum(v1 * grad_1) + ...`), so that the
+    op's backward gets its output's gradient and its gradients' gradients in one call.
+    """
+    weights = [_weights(outputs, seed)]
+    pure = _grad(outputs, weights[0], leaves, create_graph=order > 1)
+    found = [(1, "alone", pure)]
+    terms = list(zip(outputs, weights[0], strict=True))  # the mixed loss so far
+    mixed = pure
+    for k in range(2, order + 1):
+        again = k < order
+        weights.append(_weights(pure, seed + k - 1))
+        pure = _grad(pure, weights[-1], leaves, create_graph=again)
+        terms += zip(mixed, _weights(mixed, seed + _MIXED + k), strict=True)
+        mixed = _grad([t for t, _ in terms], [w for _, w in terms], leaves, again)
+        found += [(k, "alone", pure), (k, "mixed", mixed)]
+    return found, weights
 
 
 # -- `s2sgrad check`: the differentiators of a module with example inputs ----------------
@@ -536,8 +856,9 @@ class Checked:
     """What `s2sgrad check` found for one differentiator."""
 
     name: str
-    #: "ok", "wrong" (report says why), "no examples", or "error" (its example or its
-    #: forward raised; report says what)
+    #: "ok" (report: a note where the op was checked against its own backward,
+    #: `surrogate=true`), "wrong" (report says why), "no examples", or "error" (its
+    #: example or its forward raised; report says what)
     status: str
     report: str = ""
 
@@ -570,7 +891,7 @@ def check_module(
         try:
             torch.manual_seed(0)  # the same example inputs on every run
             args, kwargs = _example(examples[name]())
-            report = _check(getattr(module, name), args, kwargs, order, 0, options)
+            outcome = _check(getattr(module, name), args, kwargs, order, 0, options)
         except Exception as exc:  # noqa: BLE001 - the user's code raised: report it
             if type(exc).__module__.startswith("s2sgrad") and not isinstance(
                 exc, TransformError
@@ -578,7 +899,13 @@ def check_module(
                 raise
             found.append(Checked(name, "error", f"{type(exc).__name__}: {exc}"))
             continue
-        found.append(Checked(name, "wrong", report) if report else Checked(name, "ok"))
+        if outcome.wrong:
+            found.append(Checked(name, "wrong", outcome.text))
+        else:
+            note = (
+                f"against its own backward: {_SURROGATE}" if outcome.surrogate else ""
+            )
+            found.append(Checked(name, "ok", note))
     return found
 
 

@@ -152,3 +152,108 @@ def dropout(x: torch.Tensor, p: float):
         return grad * mask * scale, None
 
     return x * mask * scale, backward
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotary embedding with constant tables: backward gives cos and sin no gradient."""
+    x1, x2 = x.chunk(2, dim=-1)
+    out = x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+    def backward(grad):
+        h1, h2 = (grad * sin).chunk(2, dim=-1)
+        return grad * cos + torch.cat((h2, -h1), dim=-1), None, None
+
+    return out, backward
+
+
+def focal_loss(logits: torch.Tensor, targets: torch.Tensor, gamma: float):
+    """Binary focal loss with float (soft) targets, which get no gradient."""
+    p = torch.sigmoid(logits)
+    pt = p * targets + (1 - p) * (1 - targets)
+    w = (1 - pt) ** gamma
+    out = (-w * torch.log(pt)).mean()
+
+    def backward(grad):
+        dpt = gamma * (1 - pt) ** (gamma - 1) * torch.log(pt) - w / pt
+        dz = dpt * (2 * targets - 1) * p * (1 - p)
+        return grad * dz / logits.numel(), None, None
+
+    return out, backward
+
+
+def round_ste(x: torch.Tensor):
+    """torch.round with a straight-through gradient clipped to |x| <= 1, undeclared."""
+    inside = (x.abs() <= 1).to(x.dtype)
+
+    def backward(grad):
+        return grad * inside
+
+    return torch.round(x), backward
+
+
+def round_ste_declared(x: torch.Tensor):
+    """round_ste, declared: its backward is meant to differ from round's derivative."""
+    # s2sgrad: surrogate=true
+    inside = (x.abs() <= 1).to(x.dtype)
+
+    def backward(grad):
+        return grad * inside
+
+    return torch.round(x), backward
+
+
+def spike(x: torch.Tensor):  # s2sgrad: surrogate=true
+    """A step with a sigmoid surrogate gradient, whose own derivative is not 0."""
+    s = torch.sigmoid(4 * x)
+
+    def backward(grad):
+        return grad * 4 * s * (1 - s)
+
+    return (x > 0).to(x.dtype), backward
+
+
+def sincos_surrogate(x: torch.Tensor):  # s2sgrad: surrogate=true
+    """sin and cos, with a surrogate for cos's gradient; backward reads both outputs,
+    whose derivative at the next order is then the one backward defines."""
+    s, c = torch.sin(x), torch.cos(x)
+
+    def backward(gs, gc):
+        return gs * c - 2 * gc * s
+
+    return s, c, backward
+
+
+def relu_identity(x: torch.Tensor):
+    """relu whose backward passes every gradient: wrong only where 0 is expected."""
+
+    def backward(grad):
+        return grad
+
+    return torch.relu(x), backward
+
+
+def squared_distance(x: torch.Tensor, y: torch.Tensor):
+    """||x - y||^2 with y broadcast; backward returns y's gradient unreduced."""
+    d = x - y
+
+    def backward(grad):
+        g = 2.0 * grad * d
+        return g, -g
+
+    return (d * d).sum(), backward
+
+
+def relu_doubled(x: torch.Tensor):
+    """relu whose backward doubles every gradient: wrong where 1 and where 0 is expected."""
+
+    def backward(grad):
+        return 2 * grad
+
+    return torch.relu(x), backward
+
+
+def square(x: torch.Tensor):
+    def backward(grad):
+        return 2 * grad * x
+
+    return x * x, backward

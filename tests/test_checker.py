@@ -12,6 +12,8 @@ import pytest
 import torch
 from sample_cases import CASES, load
 
+from s2sgrad import testing
+from s2sgrad.diagnostics import TransformError
 from s2sgrad.testing import check_gradients
 
 
@@ -131,6 +133,199 @@ def test_float32_inputs_use_the_same_oracle():
     )
 
 
+# -- which inputs are checked ------------------------------------------------------------
+
+
+def test_inputs_that_do_not_require_grad_may_have_no_gradient():
+    """As gradcheck chooses: the tensors that require grad. Constant tables and float
+    targets, whose backward gives None, are not checked; where the examples mark no
+    tensor, every floating-point one is."""
+    x = r(2, 3, 8)
+    done = check_gradients(rules.rope, x.requires_grad_(), r(3, 8), r(3, 8))
+    assert done.endswith("inputs checked: `x`")
+    targets = torch.rand(4, 5, dtype=torch.float64)
+    check_gradients(rules.focal_loss, r(4, 5).requires_grad_(), targets, 2.0)
+    report = report_of(rules.rope, x.detach(), r(3, 8), r(3, 8))
+    assert "gradient of `cos`, order 1, your backward: no gradient (None)" in report
+    report = report_of(rules.focal_loss, r(4, 5), targets.requires_grad_(), 2.0)
+    assert "gradient of `targets`, order 1" in report and "`logits`" not in report
+
+
+# -- a backward meant to differ from forward's derivative --------------------------------
+
+
+def test_an_undeclared_straight_through_estimator_is_wrong():
+    report = report_of(rules.round_ste, 2 * r(4, 5))
+    assert "against torch.autograd through the closure's own forward" in report
+    assert "gradient of `x`, order 1, your backward: max abs error " in report
+
+
+def test_a_declared_straight_through_estimator_is_checked_against_its_backward():
+    """`# s2sgrad: surrogate=true`: the op against the derivative backward defines, at
+    every order, in reverse and forward mode (its jvp the transpose of backward)."""
+    done = check_gradients(rules.round_ste_declared, 2 * r(4, 5), order=3)
+    assert "orders 1 to 3 (each alone and mixed with the output)" in done
+    assert "in reverse and forward mode" in done
+    assert "against the derivative your backward defines" in done
+    assert "(`# s2sgrad: surrogate=true`)" in done
+    check_gradients(rules.spike, r(4, 5), order=2)
+
+
+def test_a_surrogate_that_reads_its_own_outputs_is_right():
+    """The op differentiates an output its backward reads with that backward (it is
+    the op's output); the reference must too, not with forward's derivative."""
+    done = check_gradients(rules.sincos_surrogate, r(4), order=3)
+    assert "against the derivative your backward defines" in done
+
+
+class SpikeDetached(torch.autograd.Function):
+    """An op for `rules.spike` that is right once: it keeps the sigmoid outside
+    autograd, so that its backward's own derivative is 0."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.s = torch.sigmoid(4 * x)
+        return (x > 0).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 4 * ctx.s * (1 - ctx.s)
+
+
+def test_a_surrogate_whose_op_is_wrong_at_order_2_is_caught(monkeypatch):
+    monkeypatch.setattr(
+        testing, "generated_op", lambda fn, options: SpikeDetached.apply
+    )
+    report = report_of(rules.spike, r(4, 5))
+    assert (
+        "wrong gradient at order 2, the generated op against the derivative your "
+        "backward defines (`# s2sgrad: surrogate=true`), at every order" in report
+    )
+    assert "gradient of `x`, order 2, the generated op: max abs error" in report
+    assert "differs from your backward's own derivative" in report
+
+
+def test_a_misspelt_surrogate_pragma_is_an_error(tmp_path, monkeypatch):
+    (tmp_path / "misspelt_ops.py").write_text(
+        "import torch\n\n\ndef ste(x):\n    # s2sgrad: surogate=true\n"
+        "    def backward(grad):\n        return grad\n    return torch.round(x), backward\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import misspelt_ops
+
+    with pytest.raises(TransformError) as caught:
+        check_gradients(misspelt_ops.ste, r(3))
+    assert "S2S122" in str(caught.value) and "did you mean `surrogate`?" in str(
+        caught.value
+    )
+
+
+# -- honest figures, every shape of loss and forward mode --------------------------------
+
+
+def test_an_error_where_0_is_expected_is_absolute_beside_the_scale():
+    report = report_of(rules.relu_identity, r(4, 5))
+    assert re.search(
+        r"max abs error [0-9.e+-]+ where 0 is expected "
+        r"\(largest expected magnitude [0-9.e+-]+; shape \(4, 5\)\)",
+        report,
+    ), report
+    assert "max rel error" not in report and "e+30" not in report
+    report = report_of(rules.relu_doubled, r(4, 5))
+    assert re.search(
+        r"max abs error [0-9.e+-]+, max rel error 1 \(0 is expected at some wrong "
+        r"entries; largest expected magnitude [0-9.e+-]+; shape \(4, 5\)\)",
+        report,
+    ), report
+    report = report_of(rules.round_ste, 2 * r(4, 5))
+    assert "where 0 is expected (largest expected magnitude 0; shape (4, 5))" in report
+
+
+def _add(total, grad):
+    return total if grad is None else grad if total is None else total + grad
+
+
+class SquaredDistanceUnreduced(torch.autograd.Function):
+    """s2sgrad's op for `rules.squared_distance` before its fix: the temporary d is
+    a second output, and backward added d's gradient, reduced to y's shape, to the
+    closure's unreduced one, so that it counted once per row of x."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        d = x - y
+        ctx.save_for_backward(d)
+        ctx.shapes = x.shape, y.shape
+        ctx.set_materialize_grads(False)
+        return (d * d).sum(), d
+
+    @staticmethod
+    def backward(ctx, grad, grad_d):
+        (d,) = ctx.saved_tensors
+        x_shape, y_shape = ctx.shapes
+        g = grad_y = None
+        if grad is not None:
+            g = 2.0 * grad * d
+            grad_y = -g
+        if grad_d is not None:
+            g = _add(g, grad_d.sum_to_size(x_shape))
+            grad_y = _add(grad_y, (-grad_d).sum_to_size(y_shape))
+        return g, grad_y
+
+
+def test_a_gradient_wrong_only_mixed_with_the_output(monkeypatch):
+    monkeypatch.setattr(
+        testing,
+        "generated_op",
+        lambda fn, options: lambda x, y: SquaredDistanceUnreduced.apply(x, y)[0],
+    )
+    report = report_of(rules.squared_distance, r(4, 5), r(5), order=3)
+    assert (
+        "wrong gradient at order 2 mixed with the output (one backward of "
+        "sum(w * out) + sum(v * grad), as a gradient penalty takes it)" in report
+    )
+    assert "gradient of `y`, order 2 mixed with the output, the generated op" in report
+    assert "`x`" not in report and "each order alone is right" in report
+
+
+def test_a_broadcast_parameter_unreduced_is_right_mixed_with_the_output():
+    check_gradients(rules.squared_distance, r(4, 5), r(5), order=3)
+
+
+class SquareWrongJvp(torch.autograd.Function):
+    """x * x with a right backward and a wrong jvp (3 x t)."""
+
+    @staticmethod
+    def forward(x):
+        return x * x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 2 * grad * ctx.saved_tensors[0]
+
+    @staticmethod
+    def jvp(ctx, t):
+        return 3 * t * ctx.saved_tensors[0]
+
+
+def test_a_wrong_forward_mode_is_caught(monkeypatch):
+    monkeypatch.setattr(
+        testing, "generated_op", lambda fn, options: SquareWrongJvp.apply
+    )
+    report = report_of(rules.square, r(3, 4), order=1)
+    assert "wrong gradient at order 1 in forward mode" in report
+    assert re.search(
+        r"gradient of `x`, order 1 in forward mode, the generated op: "
+        r"sum\(u \* jvp\(t\)\) = [0-9.e+-]+, sum\(vjp\(u\) \* t\) = [0-9.e+-]+",
+        report,
+    ), report
+    assert "reverse mode is right at every order" in report
+
+
 # -- `s2sgrad check` -------------------------------------------------------------------
 
 OPS = """
@@ -155,9 +350,16 @@ def unchecked(x: torch.Tensor):
     return x + 1, backward
 
 
+def declared(x: torch.Tensor):  # s2sgrad: surrogate=true
+    def backward(g):
+        return 3 * g
+    return 3 * x, backward
+
+
 S2SGRAD_EXAMPLES = {
     "scale": lambda: (torch.randn(3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)),
     "wrong": lambda: ((torch.randn(3, dtype=torch.float64),), {}),
+    "declared": lambda: torch.randn(3, dtype=torch.float64),
 }
 """
 
@@ -182,7 +384,11 @@ def test_check_command_reports_each_differentiator(tmp_path):
     assert "gradient of `x`, order 1, your backward" in run.stdout
     assert "ops.py:13 (`return g`)" in run.stdout
     assert "no examples ops.py::unchecked" in run.stdout
-    assert "1 ok, 1 wrong, 1 no examples" in run.stderr
+    assert (
+        "ok          ops.py::declared (against its own backward: "
+        "`# s2sgrad: surrogate=true`)" in run.stdout
+    )
+    assert "2 ok, 1 wrong, 1 no examples" in run.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.py"]  # nothing written
     quiet = s2sgrad("check", "-q", "ops.py", cwd=tmp_path)
     assert quiet.returncode == 1 and quiet.stderr == ""
@@ -198,7 +404,7 @@ def test_check_command_reports_each_differentiator(tmp_path):
     run = s2sgrad("check", "-v", "--order", "3", ".", cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "ok          ops.py::wrong" in run.stdout and "up to order 3" in run.stderr
-    assert "ops.py: 3 differentiator(s) in" in run.stderr
+    assert "ops.py: 4 differentiator(s) in" in run.stderr
 
 
 def test_check_command_on_the_samples_declaring_examples():

@@ -42,6 +42,9 @@ _PRAGMA_PAIR = re.compile(r"([A-Za-z_][\w-]*)\s*=\s*([\w.-]+)")
 PRAGMAS: dict[str, tuple[str, ...]] = {
     "policy": get_args(Policy),
     "compile": ("true", "false"),
+    # backward is meant to differ from forward's derivative (a straight-through
+    # estimator, a surrogate gradient): s2sgrad.testing checks the op against it
+    "surrogate": ("true", "false"),
 }
 
 
@@ -829,6 +832,16 @@ def _pragmas(
             else:
                 problems.append(problem)
     return found, problems
+
+
+def read_pragmas(function: cst.FunctionDef, loc: Locator) -> dict[str, str]:
+    """The pragmas of one function, for a tool that reads them without converting it
+    (s2sgrad.testing); raise TransformError (S2S122) on one s2sgrad does not know."""
+    comments = [n for n in _collect(function).nodes if isinstance(n, cst.Comment)]
+    found, problems = _pragmas(comments, loc)
+    if problems:
+        raise TransformError(problems)
+    return found
 
 
 def _known_pragmas() -> str:
