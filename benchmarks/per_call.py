@@ -3,7 +3,7 @@
 For every sample differentiator, with every floating-point input requiring grad:
 
 - `op`: the generated op, `samples/<module>_grad.py:<f>(...)` (its `_apply` fast path);
-- `apply`: the same op with `_base_apply = None` in its module, so that `_apply` takes
+- `apply`: the same op with `_base_apply = None` in s2sgrad.runtime, so that `_apply` takes
   torch's public `FFunction.apply` (which binds `inspect.signature(forward)` per call);
 - `math`: `f_forward(...)` under `torch.no_grad()`, the forward's own work.
 
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import s2sgrad.runtime  # noqa: E402
 from benchmarks import cases  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def _time(fn: Any, min_run_time: float) -> float:
 
 
 def _variants(
-    op: Any, forward: Any, args: list[Any], kwargs: dict[str, Any], module: Any
+    op: Any, forward: Any, args: list[Any], kwargs: dict[str, Any], runtime: Any
 ) -> dict[str, Any]:
     plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
 
@@ -51,11 +52,11 @@ def _variants(
             return forward(*plain, **kwargs)
 
     def public() -> Any:
-        fast, module._base_apply = module._base_apply, None
+        fast, runtime._base_apply = runtime._base_apply, None
         try:
             return op(*args, **kwargs)
         finally:
-            module._base_apply = fast
+            runtime._base_apply = fast
 
     return {"op": lambda: op(*args, **kwargs), "apply": public, "math": math}
 
@@ -76,7 +77,7 @@ def measure(rounds: int = 3, min_run_time: float = 0.05) -> dict[str, Any]:
         generated = importlib.import_module(f"samples.{module}_grad")
         op = getattr(generated, name)
         forward = getattr(generated, f"{name}_forward")
-        variants = _variants(op, forward, args, kwargs, generated)
+        variants = _variants(op, forward, args, kwargs, s2sgrad.runtime)
         best = {k: float("inf") for k in variants}
         for _ in range(rounds):
             for key, fn in variants.items():

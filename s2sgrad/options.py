@@ -23,12 +23,17 @@ class Options:
     suffix: str = "_grad"
     #: Run f_forward/f_backward inductor-compiled (`--compile`, `compile = true`).
     compile: bool = False
+    #: Carry the parts of `s2sgrad.runtime` the module uses instead of importing it
+    #: (`--standalone`, `standalone = true`): it then runs where s2sgrad is not installed.
+    standalone: bool = False
 
     def key(self) -> str:
-        """Return a stable digest of every option, for caches. `compile` counts only
-        when on, so outputs written before it existed keep their digest."""
+        """Return a stable digest of every option, for caches. `compile` and
+        `standalone` count only when on, so outputs written before they existed keep
+        their digest."""
         fields = asdict(self)
-        if not self.compile:
-            del fields["compile"]
+        for flag in ("compile", "standalone"):
+            if not fields[flag]:
+                del fields[flag]
         text = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import s2sgrad.runtime
 from s2sgrad import transform
 
 SOURCE = '''
@@ -24,10 +25,15 @@ def scale_add(x: torch.Tensor, y: torch.Tensor, alpha: float = 2.0):
 '''
 
 
-@pytest.fixture
-def generated():
+@pytest.fixture(params=["imported", "standalone"])
+def generated(request):
+    """The generated module's namespace, with `_runtime`: where its `_apply` and
+    `_base_apply` live (s2sgrad.runtime, or the module itself when standalone)."""
+    standalone = request.param == "standalone"
     namespace: dict[str, object] = {}
-    exec(compile(transform(SOURCE, "t.py"), "<generated>", "exec"), namespace)  # noqa: S102
+    text = transform(SOURCE, "t.py", standalone=standalone)
+    exec(compile(text, "<generated>", "exec"), namespace)  # noqa: S102
+    namespace["_runtime"] = namespace if standalone else vars(s2sgrad.runtime)
     return namespace
 
 
@@ -56,7 +62,7 @@ def _reference(x, y):
 
 
 def test_fast_path_skips_function_apply_and_keeps_every_order(generated, monkeypatch):
-    assert generated["_base_apply"] is not None
+    assert generated["_runtime"]["_base_apply"] is not None
     counted = _Counted(monkeypatch, generated["ScaleAddFunction"])
     x, y = _inputs()
     out = generated["scale_add"](x, y, 3.0)
@@ -68,7 +74,7 @@ def test_fast_path_skips_function_apply_and_keeps_every_order(generated, monkeyp
 
 
 def test_without_the_private_api_it_is_function_apply(generated, monkeypatch):
-    monkeypatch.setitem(generated, "_base_apply", None)
+    monkeypatch.setitem(generated["_runtime"], "_base_apply", None)
     counted = _Counted(monkeypatch, generated["ScaleAddFunction"])
     x, y = _inputs()
     op = generated["scale_add"]

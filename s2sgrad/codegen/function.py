@@ -57,41 +57,6 @@ CTX_API = frozenset(
     }
 )
 
-#: Runtime helpers for a context whose kinds are only known at run time.
-SAVE_HELPERS = '''
-def _save(ctx: Any, *values: Any) -> None:
-    """save_for_backward the tensors among `values`, alone or in a list; keep the rest."""
-    tensors: list[torch.Tensor] = []
-    ctx.kept = []
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            tensors.append(value)
-            ctx.kept.append(None)
-        elif isinstance(value, (list, tuple)) and all(
-            isinstance(v, torch.Tensor) for v in value
-        ):
-            tensors += value
-            ctx.kept.append((type(value), len(value)))
-        else:
-            ctx.kept.append((None, value))
-    ctx.save_for_backward(*tensors)
-
-
-def _saved(ctx: Any) -> tuple[Any, ...]:
-    """The values `_save` kept, in order."""
-    tensors = iter(ctx.saved_tensors)
-    values: list[Any] = []
-    for kept in ctx.kept:
-        if kept is None:
-            values.append(next(tensors))
-        elif kept[0] is None:
-            values.append(kept[1])
-        else:  # a list, a tuple, or a named tuple (`x.max(dim)`)
-            make = getattr(kept[0], "_make", kept[0])
-            values.append(make([next(tensors) for _ in range(kept[1])]))
-    return tuple(values)
-'''
-
 
 def uses_save_helpers(record: Differentiated) -> bool:
     """Whether the context needs `_save`/`_saved`: a kind known only at run time, or

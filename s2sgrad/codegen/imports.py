@@ -74,7 +74,7 @@ def import_block(
     for item in sorted(plain, key=_module_key):
         sections[_section(item.split(" ")[0], own)].append(f"import {item}")
     for module in sorted(froms, key=_module_key):
-        names = ", ".join(sorted(froms[module], key=_name_key))
+        names = ", ".join(sorted(froms[module], key=name_key))
         sections[_section(module, own)].append(f"from {module} import {names}")
     # Generated annotations evaluate on Python 3.10+; the user's, kept as written, stay
     # text (PEP 563) where the source module says so.
@@ -99,7 +99,7 @@ def _module_key(module: str) -> str:
     return module.lower()
 
 
-def _name_key(name: str) -> tuple[int, str]:
+def name_key(name: str) -> tuple[int, str]:
     """isort's `order-by-type`: CONSTANTS, then Classes, then functions and values."""
     bare = name.split(" as ")[0].lstrip("_")
     if bare.isupper() and len(bare) > 1:
