@@ -1,11 +1,14 @@
-"""The command line: `s2sgrad convert PATH... [-o DIR] [--check] [--diff] [--stdout]`
-(`convert -` filters standard input to standard output), `s2sgrad review PATH...
-[--html FILE]`, `s2sgrad check PATH... [--order N]`, `s2sgrad run`; `--version`, and
-`-q`/`-v` on every command.
+"""The command line: `s2sgrad convert PATH... [-o DIR] [--check] [--diff] [--stdout]
+[-j N]` (`convert -` filters standard input to standard output), `s2sgrad review PATH...
+[--html FILE] [-j N]`, `s2sgrad check PATH... [--order N]`, `s2sgrad run`; `--version`,
+and `-q`/`-v` on every command.
 
 This edge reads files, walks directories and writes outputs; the engine
-(`s2sgrad.pipeline`) only maps text to text. Each file's outcome is a value; the
-run writes only when every file converted, so an error leaves every output untouched.
+(`s2sgrad.pipeline`) only maps text to text. Each file's outcome is a value, made in a
+pool of worker processes (`-j`) or here, and only this process prints and writes, in
+the order of the inputs, so a parallel run says and writes exactly what a serial one
+does. The run writes only when every file converted, so an error leaves every output
+untouched; a written file gets the mode an editor would give it.
 Exit codes follow black: 0 done, 1 would change (`--check`) or a wrong gradient
 (`check`), 2 input or usage error, 123 internal error.
 """
@@ -15,11 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -40,6 +46,19 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 123
 T = TypeVar("T")
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "venv", "node_modules", "build", "dist"}
+#: Windows waits on at most 63 handles, so its pools take at most 61 workers (as black).
+_MAX_WORKERS = 60 if sys.platform == "win32" else sys.maxsize
+
+
+@dataclass(frozen=True)
+class Job:
+    """One selected file and where its output goes."""
+
+    source: Path
+    output: Path
+    #: Named on the command line: it must hold differentiators. A file found in a
+    #: directory that holds none is skipped instead.
+    explicit: bool
 
 
 @dataclass(frozen=True)
@@ -104,59 +123,59 @@ def output_path(
     return out_dir / source.relative_to(base).parent / name
 
 
-def convert_file(
-    source: Path, output: Path, options: Options, explicit: bool
-) -> Outcome | None:
-    """Convert one file; None when a file found in a directory has no differentiators."""
+def convert_file(job: Job, options: Options) -> Outcome | None:
+    """Convert one file; None when a file found in a directory has no differentiators.
+
+    Runs in a worker process under `-j`: it only returns a value, never prints.
+    """
     from s2sgrad.pipeline import convert, has_differentiators
 
-    shown = display_path(source)
+    shown = display_path(job.source)
     try:
-        text = read_source(source, shown)
-        if not explicit and not has_differentiators(text, shown):
+        text = read_source(job.source, shown)
+        if not job.explicit and not has_differentiators(text, shown):
             return None
-        return Converted(
-            source, output, convert(text, Origin(shown, module_name(source)), options)
-        )
+        origin = Origin(shown, module_name(job.source))
+        return Converted(job.source, job.output, convert(text, origin, options))
     except TransformError as exc:
-        return Failed(source, exc.diagnostics)
+        return Failed(job.source, exc.diagnostics)
 
 
-def check_file(
-    source: Path, output: Path, options: Options, explicit: bool
-) -> Outcome | None:
-    """`convert_file` for `--check`: an output whose header says it is what this source
-    and these options give (and whose body is what was written) is up to date without
-    converting; anything else is converted and compared."""
-    on_disk = _read_text(output)
-    if on_disk is not None:
-        shown = display_path(source)
-        try:
-            text = read_source(source, shown)
-        except TransformError as exc:
-            return Failed(source, exc.diagnostics)
-        if up_to_date(on_disk, shown, text, options.key()):
-            return Converted(source, output, on_disk)
-    return convert_file(source, output, options, explicit)
+def up_to_date_output(job: Job, options: Options) -> Outcome | None:
+    """Answer `--check` for one file without converting, or return None to convert it.
+
+    An output whose header says it is what this source and these options give (and
+    whose body is what was written) is up to date. Cheap, so it runs in this process
+    before any worker starts: a check of a tree that is up to date starts none.
+    """
+    on_disk = _read_text(job.output)
+    if on_disk is None:
+        return None
+    shown = display_path(job.source)
+    try:
+        text = read_source(job.source, shown)
+    except TransformError as exc:
+        return Failed(job.source, exc.diagnostics)
+    if up_to_date(on_disk, shown, text, options.key()):
+        return Converted(job.source, job.output, on_disk)
+    return None
 
 
-def review_file(
-    source: Path, output: Path, options: Options, explicit: bool
-) -> Reviewed | Failed | None:
+def review_file(job: Job, options: Options) -> Reviewed | Failed | None:
     """Review one file; None when a file found in a directory has no differentiators."""
     from s2sgrad.pipeline import has_differentiators
     from s2sgrad.review.model import review
 
-    shown = display_path(source)
+    shown = display_path(job.source)
     try:
-        text = read_source(source, shown)
-        if not explicit and not has_differentiators(text, shown):
+        text = read_source(job.source, shown)
+        if not job.explicit and not has_differentiators(text, shown):
             return None
-        origin = Origin(shown, module_name(source))
-        records = review(text, origin, options, display_path(output))
-        return Reviewed(source, tuple(records))
+        origin = Origin(shown, module_name(job.source))
+        records = review(text, origin, options, display_path(job.output))
+        return Reviewed(job.source, tuple(records))
     except TransformError as exc:
-        return Failed(source, exc.diagnostics)
+        return Failed(job.source, exc.diagnostics)
 
 
 def read_source(source: Path, shown: str) -> str:
@@ -171,12 +190,29 @@ def read_source(source: Path, shown: str) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename."""
+    """Write `text` to `path` through a temporary file and a rename.
+
+    The file gets the mode an editor would give it: an existing output keeps its own,
+    a new one gets 0o666 less the umask, which the kernel applies (with any default
+    ACL) to the mode `os.open` asks for. (`mkstemp` would make it 0o600, unreadable to
+    the group and to a build that runs as another user.) The temporary file is named
+    after this process, so concurrent runs never share one; `O_EXCL` never writes
+    through a file or link left at that name, which is removed first.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+        kept: int | None = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        kept = None
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # left by a killed run that had this process id
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    fd = os.open(tmp, flags, 0o666)
+    try:
+        with open(fd, "w", encoding="utf-8", newline="\n") as handle:
             handle.write(text)
+        if kept is not None:
+            os.chmod(tmp, kept)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -209,6 +245,7 @@ def settings(args: argparse.Namespace) -> Config | None:
         line_length=args.line_length,
         suffix=args.suffix,
         compile=args.compile,
+        standalone=args.standalone,
         output_dir=Path(output) if output else None,
     )
 
@@ -216,18 +253,22 @@ def settings(args: argparse.Namespace) -> Config | None:
 def collect(
     args: argparse.Namespace,
     config: Config,
-    handle: Callable[[Path, Path, Options, bool], T | Failed | None],
+    handle: Callable[[Job, Options], T | Failed | None],
+    shortcut: Callable[[Job, Options], T | Failed | None] | None = None,
 ) -> list[T] | None:
-    """Run `handle` on every selected file; None after printing the failures."""
+    """Run `handle` on every selected file; None after printing the failures.
+
+    `shortcut`, when given, answers a file here first where it can (None: it cannot);
+    only the rest go to `handle`, in worker processes under `-j`. Outcomes keep the
+    order of the inputs whichever process made them.
+    """
     options = config.options()
-    outcomes: list[T | Failed] = []
-    for source, base in discover([Path(p) for p in args.paths], options):
-        if base is not None and not config.selects(source):
-            continue
-        output = output_path(source, base, config.output_dir, options)
-        outcome = handle(source, output, options, base is None)
-        if outcome is not None:
-            outcomes.append(outcome)
+    jobs = select(args, config, options)
+    early = [shortcut(job, options) if shortcut else None for job in jobs]
+    rest = [job for job, answer in zip(jobs, early, strict=True) if answer is None]
+    late = iter(run_jobs(handle, rest, options, args.workers))
+    found = [next(late) if answer is None else answer for answer in early]
+    outcomes = [o for o in found if o is not None]
     failed = [o for o in outcomes if isinstance(o, Failed)]
     for failure in failed:
         for diagnostic in failure.diagnostics:
@@ -243,6 +284,58 @@ def collect(
     return [o for o in outcomes if not isinstance(o, Failed)]
 
 
+def select(args: argparse.Namespace, config: Config, options: Options) -> list[Job]:
+    """Return a job for every file the arguments name or `[tool.s2sgrad]` selects."""
+    return [
+        Job(source, output_path(source, base, config.output_dir, options), base is None)
+        for source, base in discover([Path(p) for p in args.paths], options)
+        if base is None or config.selects(source)
+    ]
+
+
+def run_jobs(
+    handle: Callable[[Job, Options], T],
+    jobs: Sequence[Job],
+    options: Options,
+    workers: int,
+) -> list[T]:
+    """Return `handle`'s outcome for every job, in the order of `jobs`.
+
+    Up to `workers` processes run at once, one task per file, as black does; outcomes
+    are values sent back here. A worker's exception is raised here when its file's turn
+    comes, as the serial loop would raise it, and the files not yet started are
+    cancelled.
+    """
+    with _pool(min(workers, len(jobs), _MAX_WORKERS)) as pool:
+        if pool is None:
+            return [handle(job, options) for job in jobs]
+        futures = [pool.submit(handle, job, options) for job in jobs]
+        return [future.result() for future in futures]
+
+
+@contextmanager
+def _pool(workers: int) -> Iterator[ProcessPoolExecutor | None]:
+    """Yield a pool of `workers` processes, or None to run in this process.
+
+    None for one worker (`-j 1`, or a single file: a process would only add its start),
+    and where a pool cannot start: no working `/dev/shm` for its locks (AWS Lambda,
+    some containers), or no `multiprocessing` at all (Termux, WASI, Emscripten).
+    The conversion is the same either way, only slower.
+    """
+    if workers < 2:
+        yield None
+        return
+    try:
+        pool = ProcessPoolExecutor(max_workers=workers)
+    except (ImportError, NotImplementedError, OSError):
+        yield None
+        return
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def run_convert(args: argparse.Namespace) -> int:
     if "-" in args.paths:
         return convert_stdin(args)
@@ -253,8 +346,8 @@ def run_convert(args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     config = settings(args)
-    handle = check_file if args.check and not args.diff else convert_file
-    done = None if config is None else collect(args, config, handle)
+    shortcut = up_to_date_output if args.check and not args.diff else None
+    done = None if config is None else collect(args, config, convert_file, shortcut)
     if done is None:
         return EXIT_ERROR
     if args.stdout:
@@ -292,6 +385,7 @@ def convert_stdin(args: argparse.Namespace) -> int:
         line_length=args.line_length,
         suffix=args.suffix,
         compile=args.compile,
+        standalone=args.standalone,
     ).options()
     from s2sgrad.pipeline import convert
 
@@ -453,6 +547,29 @@ def _engine_flags() -> argparse.ArgumentParser:
         help="run each Function's f_forward and f_backward compiled by inductor "
         "(double backward stays right); --no-compile overrides `compile = true`",
     )
+    flags.add_argument(
+        "--standalone",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="copy the parts of s2sgrad.runtime the module uses into it, so that it "
+        "runs where s2sgrad is not installed; --no-standalone overrides "
+        "`standalone = true`",
+    )
+    return flags
+
+
+def _workers() -> argparse.ArgumentParser:
+    """`-j N`, for the commands that handle files one by one."""
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument(
+        "-j",
+        "--workers",
+        type=_positive,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="handle up to N files at once, in worker processes (default: the "
+        "number of CPUs; 1 runs in this process)",
+    )
     return flags
 
 
@@ -496,8 +613,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     flags = _engine_flags()
     manners = _manners(argparse.SUPPRESS)
+    workers = _workers()
     convert_cmd = commands.add_parser(
-        "convert", help="generate X_grad.py from X.py", parents=[flags, manners]
+        "convert",
+        help="generate X_grad.py from X.py",
+        parents=[flags, workers, manners],
     )
     convert_cmd.add_argument(
         "paths",
@@ -525,7 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
     review_cmd = commands.add_parser(
         "review",
         help="show each differentiator beside its generated code, with its captures",
-        parents=[flags, manners],
+        parents=[flags, workers, manners],
     )
     review_cmd.add_argument(
         "paths", nargs="+", metavar="PATH", help="files or directories"

@@ -49,6 +49,7 @@ class Config:
     policy: Policy = "promote"
     line_length: int = 88
     compile: bool = False
+    standalone: bool = False
     #: Globs that select files found in directories (not files named explicitly).
     include: tuple[str, ...] = ("*.py",)
     exclude: tuple[str, ...] = ()
@@ -60,6 +61,7 @@ class Config:
             line_length=self.line_length,
             suffix=self.suffix,
             compile=self.compile,
+            standalone=self.standalone,
         )
 
     def override(self, **flags: Any) -> Config:
@@ -94,6 +96,7 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "policy": ("policy", str, "a string"),
     "line-length": ("line_length", int, "an integer"),
     "compile": ("compile", bool, "true or false"),
+    "standalone": ("standalone", bool, "true or false"),
     "include": ("include", list, "a list of strings (globs)"),
     "exclude": ("exclude", list, "a list of strings (globs)"),
 }

@@ -26,6 +26,7 @@ import linecache
 import marshal
 import os
 import runpy
+import stat
 import sys
 import traceback
 import warnings
@@ -424,20 +425,39 @@ def save(job: Job, key: str, built: Built) -> None:
     payload = marshal.dumps((built.text, built.code))
     blob = ENTRY_MAGIC + key.encode() + b"\n" + _checksum(payload) + payload
     try:
+        mode = _cache_mode(job.source)
         job.entry.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(job.listing, built.text.encode("utf-8"))
-        write_atomic(job.entry, blob)
+        write_atomic(job.listing, built.text.encode("utf-8"), mode)
+        write_atomic(job.entry, blob, mode)
     except OSError as exc:
         trace(job.name, f"not cached: {exc}")
         return
     trace(job.name, f"cached in {job.entry}")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a pid-suffixed temporary file and `os.replace`."""
+def _cache_mode(source: Path) -> int:
+    """Return the mode to create cache files with: the source's, as `.pyc` files get.
+
+    Both hold the source's code, so a source others may not read (0o600) must not
+    leak through a world-readable cache beside it. Owner-writable always, so the next
+    import can replace an entry of a read-only source (importlib's `_calc_mode`).
+    """
+    return (stat.S_IMODE(source.stat().st_mode) | 0o200) & 0o666
+
+
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Write `data` to `path` through a pid-suffixed temporary file and `os.replace`.
+
+    The file is created with `mode` less the umask, as importlib writes `.pyc` files;
+    `O_EXCL` never writes through a file or link left at the temporary name, which is
+    removed first (a killed process with this id may have left it).
+    """
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(data)
+        tmp.unlink(missing_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+        with open(os.open(tmp, flags, mode), "wb") as handle:
+            handle.write(data)
         os.replace(tmp, path)
     except OSError:
         try:

@@ -1,9 +1,12 @@
 """The command line, run for real in subprocesses as a user would."""
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,3 +130,40 @@ def test_internal_error_says_bug_and_writes_traceback(tmp_path):
     assert "kaboom" in Path(log).read_text()
     os.unlink(log)
     assert not (tmp_path / "ops_grad.py").exists()
+
+
+# -- file modes: what an editor would write ---------------------------------------------
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_new_outputs_get_0666_less_the_umask(tmp_path, umask, mode):
+    (tmp_path / "ops.py").write_text(GOOD)
+    run = subprocess.run(
+        [sys.executable, "-m", "s2sgrad", "convert", "ops.py"],
+        cwd=tmp_path, capture_output=True, text=True, umask=umask,
+    )
+    assert run.returncode == 0, run.stderr
+    review = subprocess.run(
+        [sys.executable, "-m", "s2sgrad", "review", "ops.py", "--html", "pages/ops.html"],
+        cwd=tmp_path, capture_output=True, text=True, umask=umask,
+    )
+    assert review.returncode == 0, review.stderr
+    for written in ("ops_grad.py", "pages/ops.html"):
+        assert stat.S_IMODE((tmp_path / written).stat().st_mode) == mode, written
+    assert [p.name for p in tmp_path.rglob(".*")] == []  # no temporary file left
+
+
+def test_an_existing_output_keeps_its_mode(tmp_path):
+    (tmp_path / "ops.py").write_text(GOOD)
+    for name in ("ops_grad.py", "ops.html"):
+        (tmp_path / name).write_text("old\n")
+        (tmp_path / name).chmod(0o640)
+    for args in (["convert", "ops.py"], ["review", "ops.py", "--html", "ops.html"]):
+        run = subprocess.run(
+            [sys.executable, "-m", "s2sgrad", *args],
+            cwd=tmp_path, capture_output=True, text=True, umask=0o022,
+        )
+        assert run.returncode == 0, run.stderr
+    for name in ("ops_grad.py", "ops.html"):
+        assert (tmp_path / name).read_text() != "old\n"
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o640, name

@@ -97,6 +97,13 @@ def test_include_and_exclude_select_files_found_in_directories(tmp_path):
     assert not config.selects(tmp_path / "tools" / "ops.py")
 
 
+def test_standalone_key_reaches_the_options(tmp_path):
+    source = write_project(tmp_path, "[tool.s2sgrad]\nstandalone = true\n")
+    config = load_config([source])
+    assert config.standalone and config.options() == Options(standalone=True)
+    assert config.override(standalone=False).options() == Options()
+
+
 def test_unknown_key_names_the_file_and_the_key(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     message = error(tmp_path, "[tool.s2sgrad]\nfoo = 1\n")
@@ -130,6 +137,7 @@ def test_unknown_key_suggests_the_spelling_it_resembles(tmp_path, monkeypatch):
             "output-dir = []",
             "'output-dir' must be a string (a directory), got an array",
         ),
+        ("standalone = 1", "'standalone' must be true or false, got an integer: 1"),
     ],
 )
 def test_wrong_type_or_value_names_the_file_and_the_key(
@@ -196,3 +204,26 @@ def test_cli_config_error_exits_2_naming_the_file_and_key(tmp_path):
     assert "pyproject.toml: [tool.s2sgrad] unknown key 'foo'" in run.stderr
     assert "Traceback" not in run.stderr
     assert not list(tmp_path.rglob("*_grad.py"))
+
+
+def options_digest(path):
+    """Return the options digest that the header of the generated module at `path` names."""
+    return path.read_text().split(", options ", 1)[1].split(",", 1)[0]
+
+
+@pytest.mark.parametrize(
+    "table, flags, standalone",
+    [
+        ("", ["--standalone"], True),
+        ("[tool.s2sgrad]\nstandalone = true\n", [], True),
+        ("[tool.s2sgrad]\nstandalone = true\n", ["--no-standalone"], False),
+        ("[tool.s2sgrad]\nstandalone = false\n", [], False),
+    ],
+)
+def test_standalone_flag_and_key_reach_the_header(tmp_path, table, flags, standalone):
+    write_project(tmp_path, table)
+    run = s2sgrad("convert", "src/pkg/ops.py", *flags, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    digest = options_digest(tmp_path / "src" / "pkg" / "ops_grad.py")
+    assert digest == Options(standalone=standalone).key()
+    assert Options(standalone=True).key() != Options().key()

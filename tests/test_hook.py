@@ -9,6 +9,7 @@ test runs real torch end to end.
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import zlib
@@ -18,6 +19,7 @@ import pytest
 
 from s2sgrad import transform
 from s2sgrad.hook import ENTRY_MAGIC
+from s2sgrad.options import Options
 
 SQUARE = """import torch
 
@@ -345,6 +347,21 @@ def test_four_processes_importing_at_once_all_get_the_module(tmp_path):
     assert not list((tmp_path / "pkg" / "__pycache__").glob("*.tmp"))
 
 
+@pytest.mark.parametrize("source_mode, mode", [(0o600, 0o600), (0o444, 0o644)])
+def test_cache_files_get_the_mode_of_the_sources_pyc(tmp_path, source_mode, mode):
+    """A private source's generated code stays private, as its bytecode does; a
+    read-only one's cache stays replaceable by its owner."""
+    project(tmp_path, {"ops.py": SQUARE})
+    (tmp_path / "ops.py").chmod(source_mode)
+    script = "import os; os.umask(0o022); import s2sgrad; s2sgrad.install_import_hook(); import ops, ops_grad"
+    ok(python("-c", script, cwd=tmp_path))
+    pyc = f"__pycache__/ops.{sys.implementation.cache_tag}.pyc"
+    modes = {
+        rel: stat.S_IMODE((tmp_path / rel).stat().st_mode) for rel in (pyc, ENTRY, LISTING)
+    }
+    assert modes == dict.fromkeys((pyc, ENTRY, LISTING), mode)
+
+
 # 4. a transform error is an ImportError, never a fallback
 
 
@@ -381,6 +398,26 @@ def test_load_imports_the_generated_module_without_a_hook(tmp_path):
     )
     run = ok(python("-c", script, cwd=tmp_path))
     assert run.stdout.split() == ["pkg.ops_grad", "9", "True"]
+
+
+def test_hook_honours_standalone_in_the_project_table(tmp_path):
+    """`standalone = true` in `[tool.s2sgrad]`: the hook serves what convert writes."""
+    project(
+        tmp_path,
+        {"pyproject.toml": "[tool.s2sgrad]\nstandalone = true\n", "ops.py": SQUARE},
+    )
+    script = (
+        "import importlib.util, sys, s2sgrad\n"
+        "from s2sgrad.cli import main\n"
+        "s2sgrad.install_import_hook()\n"
+        "spec = importlib.util.find_spec('ops_grad')\n"  # its text, without running it
+        "open('served.py', 'w', newline='').write(spec.loader.get_source('ops_grad'))\n"
+        "sys.exit(main(['convert', 'ops.py', '-o', 'out']))\n"
+    )
+    ok(python("-c", script, cwd=tmp_path))
+    served = (tmp_path / "served.py").read_text()
+    assert served == (tmp_path / "out" / "ops_grad.py").read_text()
+    assert f", options {Options(standalone=True).key()}," in served
 
 
 # 6. S2SGRAD_TRACE, and the packages filter
