@@ -274,3 +274,28 @@ def test_without_a_cxx_compiler_the_op_says_so(tmp_path):
         run.stdout + run.stderr[-2000:]
     )
     assert "# s2sgrad: compile=false" in run.stdout and "--compile" in run.stdout
+
+
+@pytest.mark.parametrize("leaky", [True, False])
+def test_a_plain_value_forward_computes_is_no_output_of_forward(leaky):
+    """clamp_scale's `slope`, a float forward computes from `leaky`, is computed again
+    in setup_context from the inputs: as an extra output of forward it made
+    `torch.compile(fullgraph=True, dynamic=True)` refuse the op ("HOP body output
+    unsupported ... got <class 'float'>")."""
+    from samples.options import clamp_scale as closure
+    from samples.options_grad import clamp_scale
+
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda x: clamp_scale(x, -0.5, 0.7, leaky=leaky),
+        fullgraph=True,
+        dynamic=True,
+        backend="eager",
+    )
+    for rows in (4, 6):  # a second shape: the dynamic graph
+        x = torch.randn(rows, 5, dtype=torch.float64, requires_grad=True)
+        (got,) = torch.autograd.grad(compiled(x).sum(), x)
+        (want,) = torch.autograd.grad(closure(x, -0.5, 0.7, leaky=leaky)[0].sum(), x)
+        _close(got, want, f"gradient, {rows} rows")
+    text = (ROOT / "samples" / "options_grad.py").read_text()
+    assert "return result, (inside,)\n" in text, "slope is not an output of forward"

@@ -26,10 +26,17 @@ from oracle import leaves as fresh_leaves
 
 from s2sgrad import opfacts
 from s2sgrad.autodiff import rules
+from s2sgrad import runtime
 from s2sgrad.autodiff.rules import RULES, VARARGS
 
 RTOL, ATOL = 1e-7, 1e-9
 F64 = torch.float64
+#: What rules may call besides torch, math and builtins: the runtime helpers rules.py
+#: imports, which generated modules import too.
+RUNTIME_HELPERS = {
+    name: value for name, value in vars(rules).items() if name in vars(runtime)
+    and name.startswith("_") and callable(value)
+}
 
 
 def r(*shape):
@@ -463,7 +470,7 @@ def _compile_rule(fn):
     """Exec a rule's AST where only torch, math and builtins are visible (no module helpers)."""
     module = ast.Module(body=[fn], type_ignores=[])
     ast.fix_missing_locations(module)
-    namespace = {"torch": torch, "math": math}
+    namespace = {"torch": torch, "math": math, **RUNTIME_HELPERS}
     exec(compile(module, f"<rule {fn.name}>", "exec"), namespace)
     return namespace[fn.name]
 
@@ -551,7 +558,7 @@ def _closure_problems(backward):
                 ):
                     problems.append(f"no rule for {dotted}")
             elif isinstance(node.func, ast.Name):
-                if not hasattr(builtins, node.func.id):
+                if not hasattr(builtins, node.func.id) and node.func.id not in RUNTIME_HELPERS:
                     problems.append(f"call of non-builtin {node.func.id}")
             elif isinstance(node.func, ast.Attribute):
                 if (
@@ -645,7 +652,7 @@ def test_rule_format(name):
         for n in ast.walk(backward)
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
     }
-    allowed = {"grad", "out", "torch", "math"} | set(params) | local
+    allowed = {"grad", "out", "torch", "math"} | set(params) | local | set(RUNTIME_HELPERS)
     for used in _loaded_names(backward):
         assert used in allowed or (
             hasattr(builtins, used) and used not in vars(rules)

@@ -29,7 +29,9 @@ each rule keeps to a narrow format:
   lifted out of the tuple, so it must not break lines outside its own
   brackets;
 * ``backward`` reads only ``grad``, the rule's parameters, ``out``, its own
-  locals, ``torch``, ``math`` and builtins -- never a helper of this module;
+  locals, ``torch``, ``math``, builtins and the helpers it imports from
+  ``s2sgrad.runtime`` (which generated modules import too) -- never a helper of
+  this module;
 * everything in ``backward`` is made of differentiable out-of-place torch
   operations that themselves have rules here (comparison masks, shapes and
   constant factories aside), so the inlined backward can be differentiated
@@ -56,6 +58,8 @@ To add a rule, write its function here and add its ``RULES`` entries (and
 import math
 
 import torch
+
+from s2sgrad.runtime import _matmul_grad_other, _matmul_grad_x
 
 # --------------------------------------------------------------------------
 # Elementwise arithmetic (operands may be Python scalars).
@@ -123,20 +127,11 @@ def pow_(x: torch.Tensor | float, exponent: torch.Tensor | float):
 
 
 def matmul(x, other):
-    """x @ other with NumPy semantics: 1-D operands and broadcast batch dims."""
+    """x @ other with NumPy semantics: 1-D operands and broadcast batch dims, which the
+    runtime's `_matmul_grad_x` and `_matmul_grad_other` promote and sum."""
     out = x @ other
     def backward(grad):
-        # Promote 1-D operands (and the matching dims of grad) to matrices.
-        x_mat = x.unsqueeze(-2) if x.ndim == 1 else x
-        other_mat = other.unsqueeze(-1) if other.ndim == 1 else other
-        grad_col = grad.unsqueeze(-1) if other.ndim == 1 else grad
-        grad_mat = grad_col.unsqueeze(-2) if x.ndim == 1 else grad_col
-        grad_x = grad_mat @ other_mat.transpose(-1, -2)
-        grad_other = x_mat.transpose(-1, -2) @ grad_mat
-        return (
-            grad_x.sum_to_size(x.shape),
-            (grad_other.squeeze(-1) if other.ndim == 1 else grad_other).sum_to_size(other.shape),
-        )
+        return _matmul_grad_x(grad, x, other), _matmul_grad_other(grad, x, other)
     return out, backward
 
 

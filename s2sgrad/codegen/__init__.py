@@ -47,6 +47,7 @@ def generate(
         name for item in records for name in vars(Names.of(item.source.name)).values()
     }
     compiled = {item.source.name: _compiles(item, options) for item in records}
+    literals = frozenset(n for n, e in parsed.constants.items() if _literal(e))
     for item in records:
         body += emit(
             item,
@@ -55,6 +56,7 @@ def generate(
             taken,
             options.line_length,
             compiled[item.source.name],
+            literals,
         )
     code = module(body).code
     read = _names_read(code)
@@ -64,9 +66,9 @@ def generate(
         code = f"{_STANDALONE}\n\n\n{runtime_code}\n\n\n{code}"
         read |= _names_read(runtime_code)
     else:
-        names = ", ".join(sorted(wanted | {"_require_format"}, key=name_key))
+        names = ", ".join(sorted(wanted | {"_serves"}, key=name_key))
         runtime_imports = [f"from s2sgrad.runtime import {names}"]
-        check = f"_require_format({FORMAT_VERSION}, __name__)  # {_FORMAT_NOTE}"
+        check = f"_serves({FORMAT_VERSION}, __name__)  # {_FORMAT_NOTE}"
         code = f"{check}\n\n\n{code}"
     imports = _imports(parsed, records, origin, used, read, runtime_imports)
     formatted = format_code("\n".join(imports) + "\n\n" + code, options.line_length)
@@ -75,6 +77,15 @@ def generate(
     )
     check_generated(text, options.line_length)
     return text
+
+
+def _literal(value: cst.BaseExpression) -> bool:
+    """Whether a module constant is a literal number, string, bool or None."""
+    if isinstance(value, cst.UnaryOperation):
+        value = value.expression
+    return isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)) or m.matches(
+        value, m.Name("True") | m.Name("False") | m.Name("None")
+    )
 
 
 def _compiles(item: Differentiated, options: Options) -> bool:
@@ -185,7 +196,7 @@ def _only_called(diff: Differentiator, name: str) -> bool:
 
 
 #: The comment of the format check, and the one above a standalone copy.
-_FORMAT_NOTE = "s2sgrad.runtime refuses a format it does not serve"
+_FORMAT_NOTE = "the runtime refuses a format it does not serve"
 _STANDALONE = (
     f"# The parts of s2sgrad.runtime (format {FORMAT_VERSION}) that this module uses, "
     "copied\n# (--standalone): it runs where s2sgrad is not installed."
@@ -224,7 +235,7 @@ _IMPORTED = {
 
 
 def _check_collisions(parsed: ParsedModule, records: list[Differentiated]) -> None:
-    runtime_names = runtime().names | {"_require_format"}
+    runtime_names = runtime().names | {"_serves"}
     generated = dict.fromkeys(sorted(runtime_names), "its own use")
     for name, statement in _IMPORTED.items():
         spec = parsed.globals.get(name)

@@ -51,6 +51,7 @@ def emit(
     module_names: Collection[str] = (),
     line_length: int = 88,
     compiled: bool = False,
+    literals: frozenset[str] = frozenset(),
 ) -> list[cst.BaseStatement]:
     """Emit the definitions of one differentiator.
 
@@ -119,7 +120,9 @@ def emit(
         )
     return [
         *definitions,
-        function_class(record, names, body.needs, pair, body.handles_none),
+        function_class(
+            record, names, body.needs, pair, body.handles_none, literals, line_length
+        ),
         op_def(record, names, path),
     ]
 

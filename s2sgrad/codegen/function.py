@@ -27,6 +27,8 @@ import libcst as cst
 
 from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import docs, types
+from s2sgrad.codegen.replay import replay
+from s2sgrad.cst import module
 from s2sgrad.lift import Saved, may_return_self
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import BOTTOM, TENSOR, param_value
@@ -105,7 +107,10 @@ class FunctionWriter:
         needs: str | None = None,
         pair: tuple[str, str] | None = None,
         handles_none: bool = False,
+        literals: frozenset[str] = frozenset(),
+        width: int = 88,
     ) -> None:
+        self.width = width
         self.record = record
         self.handles_none = handles_none
         self.diff = record.source
@@ -136,6 +141,7 @@ class FunctionWriter:
         self.grads_name = alloc.fresh("grads")
         self.meta = [alloc.fresh(n) for n in ("shape", "dtype", "device")]
         self.pieces = alloc.fresh("pieces")
+        self.saved = alloc.fresh("saved")
         self.result = alloc.fresh("result")
         self.attrs = {
             s.name: (f"saved_{s.name}" if s.name in CTX_API else s.name)
@@ -153,6 +159,12 @@ class FunctionWriter:
             for i in self.inputs
         }
         self.helpers = uses_save_helpers(record)
+        own = {self.ctx, self.inputs_name, self.output_name, self.rest, self.pieces}
+        own |= {o.var for o in self.outputs} | set(self.input_vars.values())
+        own |= {s.name for s in record.context} - {s.source for s in record.extras}
+        self.replay = replay(record, own, literals)
+        if self.replay is not None:
+            self.extras = [s for s in self.extras if s not in self.replay.entries]
 
     def _input(self, index: int) -> _Input:
         param = self.diff.params[index]
@@ -317,7 +329,7 @@ class FunctionWriter:
         if self.extras:
             context = _tuple(
                 [
-                    s.name if s in self.record.extras else "_"
+                    s.name if s.promoted or s in self.extras else "_"
                     for s in self.record.context
                 ]
             )
@@ -349,10 +361,15 @@ class FunctionWriter:
             for s in context
             if (s.kind == "input" or s.on == "input") and s.index is not None
         }
+        if self.replay is not None:
+            wanted |= self.replay.params
         if wanted or self.listed:
             lines.append(f"    {self._unpack_inputs(wanted)} = {self.inputs_name}")
             if self.flat is not None:
                 lines += ["    " + s for s in self._split(self.flat, self.lengths)]
+        if self.replay is not None:  # plain values forward computed: again, from inputs
+            code = module(list(self.replay.statements)).code
+            lines += ["    " + line if line else line for line in code.splitlines()]
         if self._returns_tuple():
             targets = self._unpack_outputs()
             if len(targets) == 1 and targets[0].startswith("*"):
@@ -497,7 +514,14 @@ class FunctionWriter:
         keywords = [f"{k}={k}" for k in self.incoming]
         if self.needs:
             keywords.append(f"{self.needs}={self._needs()}")
-        args = ", ".join([self._context(), *self.grads, *keywords])
+        context = self._context()
+        args = ", ".join([context, *self.grads, *keywords])
+        if len(f"        return {self.backward_name}({args})") > self.width and (
+            not context.isidentifier() and "." in context and "(" in context
+        ):
+            # The context on a line of its own keeps the call on one.
+            lines.append(f"    {self.saved} = {context}")
+            args = ", ".join([self.saved, *self.grads, *keywords])
         lines += self._return(f"{self.backward_name}({args})", nones)
         return lines
 
@@ -729,9 +753,13 @@ def function_class(
     needs: str | None,
     pair: tuple[str, str],
     handles_none: bool,
+    literals: frozenset[str] = frozenset(),
+    width: int = 88,
 ) -> cst.BaseStatement:
-    """The Function class, as a statement."""
-    text = FunctionWriter(record, names, needs, pair, handles_none).write()
+    """The Function class, as a statement; `literals` are the module's constants whose
+    values are literals (setup_context may read them)."""
+    writer = FunctionWriter(record, names, needs, pair, handles_none, literals, width)
+    text = writer.write()
     statement = cst.parse_module(text).body[0]
     return statement.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
 

@@ -40,7 +40,7 @@ class BackwardBody:
     """f_backward's statements, and what its signature says about them."""
 
     statements: list[cst.BaseStatement]
-    #: The `needs_input_grad` keyword parameter, when the closure is sliced.
+    #: The `needs` keyword parameter (ctx.needs_input_grad), when the closure is sliced.
     needs: str | None
     #: Gradients may arrive as None (the closure's part is guarded).
     handles_none: bool
@@ -55,7 +55,7 @@ def backward_body(record: Differentiated, line_length: int = 88) -> BackwardBody
     prologue = recompute_call(grads.recompute) if grads and grads.recompute else []
     results = list(record.results)
     names = NameAllocator(record.taken)
-    needs = names.fresh("needs_input_grad")
+    needs = names.fresh("needs")
     params = [p.name for p in record.source.params]
     guards = [names.fresh(f"need_{p}") for p in params]
     guarded = grads is not None and bool(grads.incoming)

@@ -16,7 +16,7 @@ import importlib.resources
 from dataclasses import dataclass
 
 #: Runtime names a standalone module never needs (it does not import the runtime).
-_SKIPPED = frozenset({"FORMATS", "_require_format"})
+_SKIPPED = frozenset({"FORMATS", "_serves", "_served", "__getattr__"})
 
 
 @dataclass(frozen=True)
@@ -112,18 +112,29 @@ def _is_docstring(statement: ast.stmt) -> bool:
 
 
 def _defines(statement: ast.stmt) -> frozenset[str]:
-    """The top-level names a statement binds (a `try` block's imports included)."""
-    found: set[str] = set()
-    for node in ast.walk(statement):
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node is statement:
-            found.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            found.add(node.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            found |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    """The top-level names a statement binds: a definition's, an assignment's targets,
+    and those of the statements inside a `try` or an `if` (names bound inside a
+    function or a comprehension are not top-level)."""
     if isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
         return frozenset({statement.name})
-    return frozenset(found)
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return frozenset((a.asname or a.name).split(".")[0] for a in statement.names)
+    if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = (
+            statement.targets
+            if isinstance(statement, ast.Assign)
+            else [statement.target]
+        )
+        return frozenset(
+            n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)
+        )
+    inner: list[ast.stmt] = []
+    if isinstance(statement, ast.Try):
+        inner = [*statement.body, *statement.orelse, *statement.finalbody]
+        inner += [s for handler in statement.handlers for s in handler.body]
+    elif isinstance(statement, ast.If):
+        inner = [*statement.body, *statement.orelse]
+    return frozenset().union(*(_defines(s) for s in inner))
 
 
 def _reads(statement: ast.stmt) -> frozenset[str]:

@@ -18,7 +18,7 @@ from s2sgrad.values import NONE, Value, param_value
 
 TENSOR = "Tensor"
 GRAD = "Grad"
-GRADS = "tuple[Grad, ...]"
+GRADS = "Grads"
 CONTEXT = "Context"
 NEEDS = "Needs"
 
@@ -27,6 +27,7 @@ NEEDS = "Needs"
 ALIASES = {
     CONTEXT: ("tuple[Any, ...]", "what f_forward hands to f_backward"),
     GRAD: ("Tensor | None", "None stands for a gradient of zeros"),
+    GRADS: ("tuple[Grad, ...]", "what f_backward returns: a gradient per parameter"),
     NEEDS: ("tuple[bool, ...] | None", "ctx.needs_input_grad; None asks for all"),
 }
 
