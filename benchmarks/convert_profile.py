@@ -1,13 +1,17 @@
-"""Where `s2sgrad convert` spends its time, stage by stage, on the synthetic module.
+"""Where `s2sgrad convert` spends its time, stage by stage.
 
-    python benchmarks/convert_profile.py [N]      # N differentiators (default 240)
+    python benchmarks/convert_profile.py [N]        # synthetic, N differentiators (240)
+    python benchmarks/convert_profile.py closures   # tests/corpus/ as one module
+    python benchmarks/convert_profile.py PATH.py    # any module
 
 Runs the same pipeline as the CLI (`s2sgrad.pipeline.convert`) in this fresh process,
 with timers wrapped around its stages: importing s2sgrad, parsing s2sgrad's own rule
-module (`builtin_registry`, once per process), parsing the user module, lifting,
-differentiating (VJP planning), code emission, and each `black.format_str` call (the
-formatting itself and the fixed-point check in `codegen/guard.py`). CPU seconds
-(`time.process_time`), so that other load on the machine does not count.
+module (`builtin_registry`, once per process), parsing the user module, checking
+forward's values and in-place writes, lifting, differentiating (VJP planning), code
+generation and, inside it, black (one pass per top-level definition; the fixed-point
+check of `codegen/guard.py` runs in the tests only). CPU seconds
+(`time.process_time`), so that other load on the machine does not count. For the
+functions under a stage, run it under a profiler (pyinstrument gives a readable tree).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def timed(name: str, fn):  # type: ignore[no-untyped-def]
     return wrapper
 
 
-def main(n: int) -> None:
+def main(which: str) -> None:
     start = time.process_time()
     import s2sgrad.cli  # noqa: F401  (what the CLI imports)
     from s2sgrad import pipeline
@@ -46,7 +50,7 @@ def main(n: int) -> None:
 
     import_s = time.process_time() - start
 
-    from benchmarks.convert_speed import synthetic_module
+    from benchmarks.convert_speed import closure_module, synthetic_module
     from s2sgrad.header import Origin
     from s2sgrad.options import Options
 
@@ -55,6 +59,10 @@ def main(n: int) -> None:
         "parse s2sgrad's rules (builtin_registry)", registry.builtin_registry
     )
     pipeline.parse = timed("parse user module", pipeline.parse)
+    pipeline._judge_forward = timed(  # type: ignore[attr-defined]
+        "check forward (values, in-place writes)",
+        pipeline._judge_forward,  # type: ignore[attr-defined]
+    )
     pipeline.lift = timed("lift", pipeline.lift)
     pipeline.differentiate = timed(
         "differentiate (incl. rules parse)", pipeline.differentiate
@@ -63,17 +71,22 @@ def main(n: int) -> None:
     import s2sgrad.codegen as codegen
 
     codegen.format_code = timed("black: format generated code", fmt.format_code)
-    guard.format_code = timed("black: guard re-format check", fmt.format_code)
+    guard.format_whole = timed(
+        "black: fixed-point check (tests only)", fmt.format_whole
+    )
 
-    source = synthetic_module(n)
+    if which == "closures":
+        source, name = closure_module(), "closure_ops"
+    elif which.endswith(".py"):
+        source, name = Path(which).read_text(), Path(which).stem
+    else:
+        source, name = synthetic_module(int(which)), "synthetic_ops"
     lines = len(source.splitlines())
-    origin = _origin(Origin)
+    origin = _origin(Origin, name)
     start = time.process_time()
     text = pipeline.convert(source, origin, Options())
     total = time.process_time() - start
-    print(
-        f"{n} differentiators, {lines} source lines -> {len(text.splitlines())} generated lines"
-    )
+    print(f"{name}: {lines} source lines -> {len(text.splitlines())} generated lines")
     print(f"  import s2sgrad.cli                           {import_s:7.2f} s")
     print(
         f"  convert (in process, after import)          {total:7.2f} s  "
@@ -83,12 +96,12 @@ def main(n: int) -> None:
         print(f"    {name:<42} {seconds:7.2f} s  ({COUNTS[name]} calls)")
 
 
-def _origin(Origin):  # type: ignore[no-untyped-def]
-    """An Origin for a top-level module `synthetic_ops` (fields vary between versions)."""
+def _origin(Origin, name):  # type: ignore[no-untyped-def]
+    """An Origin for a top-level module `name` (fields vary between versions)."""
     import dataclasses
     import inspect
 
-    values = {"display_path": "synthetic_ops.py", "module_name": "synthetic_ops"}
+    values = {"display_path": f"{name}.py", "module_name": name}
     if dataclasses.is_dataclass(Origin):
         fields = {f.name for f in dataclasses.fields(Origin)}
     else:
@@ -97,4 +110,4 @@ def _origin(Origin):  # type: ignore[no-untyped-def]
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 240)
+    main(sys.argv[1] if len(sys.argv) > 1 else "240")

@@ -2,11 +2,16 @@
 
 `synthetic_module(n)` writes `n` differentiators by cycling through a few templates with
 varied names and constants; every one has a temporary that backward captures (so each is
-lifted, promoted and gets generated VJP code). `measure` times
+lifted, promoted and gets generated VJP code). `closure_module()` is closure-style code
+as people write it: the modules of tests/corpus/ joined into one (817 lines of rules
+with lists, branches, helpers and comments). `measure` times
 `python -m s2sgrad convert FILE -o DIR` in a new interpreter each time (cold: nothing of
 s2sgrad is imported yet; Python's bytecode cache is in its normal state) and also the
 bare start-up (`python -c "import s2sgrad.cli"`) so the report can show both, and
 `convert --check` of the output just written (up to date: answered from its header).
+Warm is `pipeline.convert` in a process that has converted another module already
+(what the import hook pays for its second module), black's memo of formatted pieces
+emptied first; the best of the repeats.
 
 Run directly for a quick look: `python benchmarks/convert_speed.py [N]`.
 """
@@ -20,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HEADER = '''"""Synthetic differentiators for the s2sgrad convert benchmark (generated)."""
 import torch
@@ -83,6 +89,27 @@ def affine_tanh_{i}(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
 ]
 
 
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus"
+
+
+def closure_module() -> str:
+    """The modules of tests/corpus/ as one module: their imports first, then each
+    module's code in turn (their function names are distinct)."""
+    imports: set[str] = set()
+    bodies = []
+    for path in sorted(CORPUS.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        lines = path.read_text().splitlines()
+        imports.update(line for line in lines if line.startswith(("import ", "from ")))
+        bodies.append(
+            "\n".join(
+                line for line in lines if not line.startswith(("import ", "from "))
+            )
+        )
+    return "\n".join(sorted(imports)) + "\n\n" + "\n\n".join(bodies)
+
+
 def synthetic_module(n: int) -> str:
     """Source text of a module with `n` differentiators, each with a captured temporary."""
     parts = [HEADER]
@@ -107,17 +134,66 @@ def _run(cmd: list[str], cwd: Path) -> tuple[float, float]:
     return elapsed, cpu
 
 
-def measure(
-    n: int = 240, repeats: int = 3, budget_s: float = 120.0
-) -> dict[str, float]:
-    """Time cold conversions of a synthetic module of `n` differentiators.
+#: Run in a fresh interpreter: convert a small module, then time `argv[1]` (best of
+#: argv[2] runs, black's memo emptied before each); prints the seconds.
+_WARM = """
+import sys, time
+from pathlib import Path
+from s2sgrad.codegen import fmt
+from s2sgrad.header import Origin
+from s2sgrad.options import Options
+from s2sgrad.pipeline import convert
+
+convert(sys.argv[3], Origin("warm_up.py", "warm_up"), Options())
+path = Path(sys.argv[1])
+source, best = path.read_text(), float("inf")
+for _ in range(int(sys.argv[2])):
+    fmt._format_piece.cache_clear()
+    start = time.perf_counter()
+    convert(source, Origin(path.name, path.stem), Options())
+    best = min(best, time.perf_counter() - start)
+print(best)
+"""
+
+
+def _warm(source: Path, repeats: int, cwd: Path) -> float:
+    """Seconds of the best warm conversion of `source` (see `_WARM`)."""
+    warm_up = synthetic_module(6)
+    proc = subprocess.run(
+        [sys.executable, "-c", _WARM, str(source), str(repeats), warm_up],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"warm conversion failed:\n{proc.stderr[-2000:]}")
+    return float(proc.stdout.split()[-1])
+
+
+def measure(n: int = 240, repeats: int = 3, budget_s: float = 120.0) -> dict[str, Any]:
+    """Time cold and warm conversions of a synthetic module of `n` differentiators,
+    and of `closure_module()` (under "closures").
 
     Runs `repeats` conversions, or fewer once they have taken `budget_s` in all.
     """
+    result: dict[str, Any] = {
+        "differentiators": n,
+        **measure_source(synthetic_module(n), "synthetic_ops", repeats, budget_s),
+    }
+    result["closures"] = measure_source(
+        closure_module(), "closure_ops", repeats, budget_s
+    )
+    return result
+
+
+def measure_source(
+    text: str, stem: str, repeats: int = 3, budget_s: float = 120.0
+) -> dict[str, Any]:
+    """Time cold and warm conversions of the module `text` (see `measure`)."""
     with tempfile.TemporaryDirectory(prefix="s2sgrad-bench-") as tmp:
         root = Path(tmp)
-        source = root / "synthetic_ops.py"
-        source.write_text(synthetic_module(n))
+        source = root / f"{stem}.py"
+        source.write_text(text)
         lines = len(source.read_text().splitlines())
         convert_times, convert_cpu, startup_times, startup_cpu = [], [], [], []
         check_times: list[float] = []
@@ -152,12 +228,12 @@ def measure(
             if sum(convert_times) > budget_s:
                 break
         generated_lines = len(produced[0].read_text().splitlines())
+        warm = _warm(source, len(convert_times), root)
     wall = statistics.median(convert_times)
     startup = statistics.median(startup_times)
     cpu = statistics.median(convert_cpu)
     cpu_startup = statistics.median(startup_cpu)
     return {
-        "differentiators": n,
         "source_lines": lines,
         "generated_lines": generated_lines,
         "wall_s": wall,
@@ -171,10 +247,20 @@ def measure(
         # `convert --check` of the output just written: answered from its header.
         "check_wall_s": statistics.median(check_times),
         "check_lines_per_s": lines / statistics.median(check_times),
+        "warm_s": warm,
+        "warm_lines_per_s": lines / warm,
     }
 
 
-if __name__ == "__main__":
-    result = measure(int(sys.argv[1]) if len(sys.argv) > 1 else 240)
+def _show(result: dict[str, Any], indent: str = "") -> None:
     for key, value in result.items():
-        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+        if isinstance(value, dict):
+            print(f"{indent}{key}:")
+            _show(value, indent + "  ")
+        else:
+            shown = f"{value:.3f}" if isinstance(value, float) else value
+            print(f"{indent}{key}: {shown}")
+
+
+if __name__ == "__main__":
+    _show(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 240))

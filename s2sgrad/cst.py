@@ -1,14 +1,27 @@
-"""Small typed helpers over libcst shared by every stage.
+"""Small typed helpers over libcst shared by every stage, and reading trees fast.
 
 libcst's `visit` returns a union with its removal and flatten sentinels; the passes here
 never remove the node they are called on, so these helpers narrow the type (and check it).
+
+Trees are read here, not with `node.visit` or `libcst.matchers.findall`: for a
+read-only `CSTVisitor` libcst still rebuilds and validates every node it passes (its
+`visit` is the transformer's traversal), which made most of the cost of conversion.
+`walk` runs a visitor's callbacks in exactly libcst's order without rebuilding
+anything; `nodes` and `findall` list a tree in that order, and within `remembering()`
+each subtree is listed once. The order is libcst's own: each node class's fields are
+recorded from one `visit` of a node of that class.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 
 
 def statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
@@ -97,7 +110,7 @@ class _Binds(cst.CSTVisitor):
 def bound(node: cst.CSTNode) -> set[str]:
     """Return the names a statement binds (not inside nested functions)."""
     visitor = _Binds()
-    node.visit(visitor)
+    walk(node, visitor)
     return visitor.names
 
 
@@ -139,28 +152,267 @@ def dotted(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.Name)
 
 
-class _Spelled(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-        self.counts: dict[str, int] = {}
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)
-        self.counts[node.value] = self.counts.get(node.value, 0) + 1
-
-
-def spelled(*nodes: cst.CSTNode) -> set[str]:
+def spelled(*roots: cst.CSTNode) -> set[str]:
     """Every `Name` in the nodes, attribute names and keywords included: what
     `m.findall(node, m.Name())` finds, at a fraction of its cost."""
-    visitor = _Spelled()
-    for node in nodes:
-        node.visit(visitor)
-    return visitor.names
+    return {n.value for root in roots for n in nodes(root) if isinstance(n, cst.Name)}
 
 
-def name_counts(*nodes: cst.CSTNode) -> dict[str, int]:
+def name_counts(*roots: cst.CSTNode) -> dict[str, int]:
     """How many times each `Name` occurs in the nodes (as `spelled` finds them)."""
-    visitor = _Spelled()
-    for node in nodes:
-        node.visit(visitor)
-    return visitor.counts
+    counts: dict[str, int] = {}
+    for root in roots:
+        for node in nodes(root):
+            if isinstance(node, cst.Name):
+                counts[node.value] = counts.get(node.value, 0) + 1
+    return counts
+
+
+class _Layout(cst.CSTVisitor):
+    """Record the fields libcst visits on one node, in its order: the order in which
+    `node.visit` calls `on_visit_attribute` (without entering the children)."""
+
+    def __init__(self, root: cst.CSTNode) -> None:
+        self.root = root
+        self.fields: list[str] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return node is self.root
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if node is self.root:
+            self.fields.append(attribute)
+
+
+@dataclass
+class _Fields:
+    """The fields libcst visits on the nodes of one class, in its order. `optional`
+    are those it visits only when they are present (f-string format specs): it then
+    calls no attribute callback for them, and they are in `order` once seen."""
+
+    order: tuple[str, ...]
+    optional: frozenset[str]
+
+
+_LAYOUTS: dict[type[cst.CSTNode], _Fields] = {}
+
+
+def _fields(node: cst.CSTNode) -> _Fields:
+    """The fields of `node` that hold its children, in libcst's visiting order."""
+    layout = _LAYOUTS.get(type(node))
+    if layout is not None and (not layout.optional or _complete(node, layout)):
+        return layout
+    recorder = _Layout(node)
+    node.visit(recorder)
+    order = tuple(recorder.fields)
+    skipped = {
+        name
+        for name in node.__dataclass_fields__
+        if name not in order and getattr(node, name) is None
+    }
+    if layout is not None:
+        order = max(order, layout.order, key=len)
+        skipped |= layout.optional
+    _LAYOUTS[type(node)] = layout = _Fields(order, frozenset(skipped))
+    return layout
+
+
+def _complete(node: cst.CSTNode, layout: _Fields) -> bool:
+    """Whether `layout` has every field of `node` that holds a child."""
+    return all(
+        name in layout.order or getattr(node, name) is None for name in layout.optional
+    )
+
+
+def nodes(root: cst.CSTNode) -> Sequence[cst.CSTNode]:
+    """`root` and every node under it, in the order libcst visits them.
+
+    Within `remembering()` (one conversion) each subtree is walked once: nodes never
+    change, and the checks of every stage ask about the same statements again.
+    """
+    cache = _REMEMBERED.get()
+    if cache is not None:
+        hit = cache.get(id(root))
+        if hit is not None and hit[0] is root:
+            return hit[1]
+    found: list[cst.CSTNode] = []
+    _gather(root, found)
+    if cache is not None:
+        cache[id(root)] = (root, found)
+    return found
+
+
+_REMEMBERED: ContextVar[dict[int, tuple[cst.CSTNode, list[cst.CSTNode]]] | None]
+_REMEMBERED = ContextVar("s2sgrad subtrees", default=None)
+
+
+@contextmanager
+def remembering() -> Iterator[None]:
+    """Remember the nodes of each subtree `nodes` walks until the block ends (it
+    holds the nodes by id, and the nodes themselves so that the ids stay theirs)."""
+    token = _REMEMBERED.set({})
+    try:
+        yield
+    finally:
+        _REMEMBERED.reset(token)
+
+
+def _gather(node: cst.CSTNode, found: list[cst.CSTNode]) -> None:
+    found.append(node)
+    for name in _fields(node).order:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            _gather(value, found)
+        elif isinstance(value, (tuple, list)):
+            for child in value:
+                _gather(child, found)
+
+
+def walk(root: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    """Run a read-only visitor over `root` as `root.visit(visitor)` would: the same
+    callbacks in the same order (attribute callbacks too, where the visitor has
+    them), without rebuilding a node."""
+    kind = type(visitor)
+    if _attribute_hooks(kind):
+        _walk_attributes(root, visitor)
+    elif kind.on_visit is _ON_VISIT and kind.on_leave is _ON_LEAVE:
+        _walk_methods(root, visitor, _methods(kind))
+    else:
+        _walk(root, visitor)
+
+
+_ON_VISIT = cst.CSTVisitor.on_visit
+_ON_LEAVE = cst.CSTVisitor.on_leave
+_Method = Callable[[cst.CSTVisitor, cst.CSTNode], object] | None
+_METHODS: dict[type[cst.CSTVisitor], dict[type[cst.CSTNode], tuple[_Method, _Method]]]
+_METHODS = {}
+
+
+def _methods(
+    kind: type[cst.CSTVisitor],
+) -> dict[type[cst.CSTNode], tuple[_Method, _Method]]:
+    """The `visit_<Node>`/`leave_<Node>` methods of a visitor class, by node class,
+    filled as node classes are met; None where only libcst's no-op base has one."""
+    return _METHODS.setdefault(kind, {})
+
+
+def _lookup(
+    kind: type[cst.CSTVisitor], node: type[cst.CSTNode]
+) -> tuple[_Method, _Method]:
+    found: list[_Method] = []
+    for prefix in ("visit_", "leave_"):
+        name = prefix + node.__name__
+        method = getattr(kind, name, None)
+        found.append(None if method is getattr(cst.CSTVisitor, name, None) else method)
+    return found[0], found[1]
+
+
+def _walk_methods(
+    node: cst.CSTNode,
+    visitor: cst.CSTVisitor,
+    methods: dict[type[cst.CSTNode], tuple[_Method, _Method]],
+) -> None:
+    """`_walk` for a visitor that keeps libcst's `on_visit`/`on_leave`: its methods
+    are looked up once per node class rather than once per node."""
+    entry = methods.get(type(node))
+    if entry is None:
+        entry = methods[type(node)] = _lookup(type(visitor), type(node))
+    visit, leave = entry
+    if visit is None or visit(visitor, node) is not False:
+        for name in _fields(node).order:
+            value = getattr(node, name)
+            if isinstance(value, cst.CSTNode):
+                _walk_methods(value, visitor, methods)
+            elif isinstance(value, (tuple, list)):
+                for child in value:
+                    _walk_methods(child, visitor, methods)
+    if leave is not None:
+        leave(visitor, node)
+
+
+def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    if visitor.on_visit(node):
+        for name in _fields(node).order:
+            value = getattr(node, name)
+            if isinstance(value, cst.CSTNode):
+                _walk(value, visitor)
+            elif isinstance(value, (tuple, list)):
+                for child in value:
+                    _walk(child, visitor)
+    visitor.on_leave(node)
+
+
+def _walk_attributes(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    if visitor.on_visit(node):
+        layout = _fields(node)
+        for name in layout.order:
+            value = getattr(node, name)
+            if value is None and name in layout.optional:
+                continue
+            visitor.on_visit_attribute(node, name)
+            if isinstance(value, cst.CSTNode):
+                _walk_attributes(value, visitor)
+            elif isinstance(value, (tuple, list)):
+                for child in value:
+                    _walk_attributes(child, visitor)
+            visitor.on_leave_attribute(node, name)
+    visitor.on_leave(node)
+
+
+_HOOKS: dict[type[cst.CSTVisitor], bool] = {}
+#: The name of a visitor method for an attribute (`visit_ClassDef_bases`).
+ATTRIBUTE_METHOD = re.compile(r"^(visit|leave)_[A-Z][A-Za-z]*_[a-z_]+$")
+
+
+def _attribute_hooks(kind: type[cst.CSTVisitor]) -> bool:
+    """Whether visitors of this class act on attributes (`visit_ClassDef_bases`):
+    whether a class between it and `CSTVisitor` defines such a method."""
+    found = _HOOKS.get(kind)
+    if found is None:
+        found = _HOOKS[kind] = any(
+            name in ("on_visit_attribute", "on_leave_attribute")
+            or ATTRIBUTE_METHOD.match(name) is not None
+            for klass in kind.__mro__
+            if klass not in _BASES
+            for name in vars(klass)
+        )
+    return found
+
+
+#: The classes whose attribute methods do nothing (libcst's visitor bases).
+_BASES = frozenset(cst.CSTVisitor.__mro__)
+
+
+def findall(root: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
+    """What `libcst.matchers.findall(root, matcher)` returns, in the same order.
+
+    `matcher` matches nodes (`m.Call(...)`, `m.Name() | m.Attribute()`): libcst's
+    `findall` also takes `m.MatchIfTrue` and the like at the top, which `m.matches`
+    refuses there, so they are refused here.
+    """
+    if not isinstance(matcher, m.BaseMatcherNode):
+        raise TypeError(f"findall takes a node matcher, not {matcher!r}")
+    kinds = _matched_types(matcher)
+    return [
+        node
+        for node in nodes(root)
+        if (kinds is None or isinstance(node, kinds)) and m.matches(node, matcher)
+    ]
+
+
+def _matched_types(matcher: object) -> tuple[type[cst.CSTNode], ...] | None:
+    """The node classes `matcher` can match (`m.Call()`: `cst.Call`), or None when
+    it may match any node (`m.MatchIfTrue`)."""
+    if isinstance(matcher, m.OneOf):
+        found: list[type[cst.CSTNode]] = []
+        for option in matcher.options:
+            kinds = _matched_types(option)
+            if kinds is None:
+                return None
+            found += kinds
+        return tuple(found)
+    if isinstance(matcher, m.BaseMatcherNode):
+        kind = getattr(cst, type(matcher).__name__, None)
+        if isinstance(kind, type) and issubclass(kind, cst.CSTNode):
+            return (kind,)
+    return None

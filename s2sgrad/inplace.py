@@ -29,16 +29,19 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound_target, dotted
+from s2sgrad.cst import bound_target, dotted, findall
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names, may_alias_at
-from s2sgrad.lines import line_text, split_lines
+from s2sgrad.lines import line_text
 from s2sgrad.values import NUMBER, SETITEM, SETITEM_NAME, TENSOR, Value
 
 
 def out_of_place(
-    diff: Differentiator, values: Mapping[str, Value], path: str, source: str
+    diff: Differentiator,
+    values: Mapping[str, Value],
+    path: str,
+    lines: Sequence[str],
 ) -> Differentiator:
     """Rewrite forward's in-place writes to differentiable tensors out of place.
 
@@ -51,7 +54,6 @@ def out_of_place(
     rewrites: dict[cst.CSTNode, InPlace] = {}
     stores: dict[int, InPlace] = {}  # id of the target `t[i]` -> the write
     problems: list[Diagnostic] = []
-    lines = split_lines(source)
     aliases = aliasing_names(diff)
     sharing = _Sharing(diff)
     params = {p.name for p in diff.params}
@@ -116,7 +118,7 @@ def _call_of(diff: Differentiator, write: InPlace) -> cst.Call | None:
         return write.node
     if isinstance(write.node, cst.Arg):
         for statement in diff.statements:
-            for call in m.findall(statement, m.Call()):
+            for call in findall(statement, m.Call()):
                 assert isinstance(call, cst.Call)
                 if any(a is write.node for a in call.args):
                     return call
@@ -147,7 +149,7 @@ def _smalls(diff: Differentiator) -> list[cst.BaseSmallStatement]:
     """Forward's small statements, at every depth (not in nested functions)."""
     found: list[cst.BaseSmallStatement] = []
     for statement in diff.statements:
-        for line in m.findall(statement, m.SimpleStatementLine()):
+        for line in findall(statement, m.SimpleStatementLine()):
             assert isinstance(line, cst.SimpleStatementLine)
             found += line.body
     return found
@@ -320,7 +322,7 @@ class _Sharing:
             reason = self._reasons.get(small.target.value)
             if reason is not None:
                 self.at[id(small)] = reason
-        for node in m.findall(small, m.Call() | m.Arg() | m.Subscript()):
+        for node in findall(small, m.Call() | m.Arg() | m.Subscript()):
             name = self._writes.get(id(node))
             if name is not None and name in self._reasons:
                 self.at[id(node)] = self._reasons[name]
@@ -410,7 +412,7 @@ def _augmented(
     binding."""
     found = []
     for statement in diff.statements:
-        for line in m.findall(statement, m.SimpleStatementLine()):
+        for line in findall(statement, m.SimpleStatementLine()):
             for node in line.body if isinstance(line, cst.SimpleStatementLine) else ():
                 if not m.matches(node, m.AugAssign(target=m.Name())):
                     continue
@@ -426,7 +428,7 @@ def _names_viewed(diff: Differentiator, value: cst.BaseExpression) -> list[str]:
     """The names whose tensors `value` may be or share memory with."""
     return [
         n.value
-        for n in m.findall(value, m.Name())
+        for n in findall(value, m.Name())
         if isinstance(n, cst.Name) and _may_view(diff, value, n.value)
     ]
 
@@ -456,7 +458,7 @@ def _twin(
 def _whole_statement(diff: Differentiator, node: cst.CSTNode) -> bool:
     """Whether the write is a statement of its own, or the value of `u = ...`."""
     for statement in diff.statements:
-        for line in m.findall(statement, m.SimpleStatementLine()):
+        for line in findall(statement, m.SimpleStatementLine()):
             assert isinstance(line, cst.SimpleStatementLine)
             for small in line.body:
                 if isinstance(small, cst.Expr) and small.value is node:
@@ -516,13 +518,24 @@ class _Rewrite(cst.CSTTransformer):
         #: Augmented assignments to write as bindings: recomputation in backward runs
         #: with autograd on, where `h += y` would change a tensor autograd saved.
         self.augmented = augmented
-        #: New statement line -> the one it replaces (for source line numbers).
+        #: New statement -> the one it replaces (for source line numbers): every
+        #: statement, since a transformer rebuilds the ones it does not change too.
         self.replaced: dict[cst.CSTNode, cst.CSTNode] = {}
         #: Qualified names of the new callees (`torch.relu`).
         self.qualified: dict[cst.CSTNode, str] = {}
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return False
+
+    def on_leave(
+        self, original_node: cst.CSTNodeT, updated_node: cst.CSTNodeT
+    ) -> cst.CSTNodeT | cst.RemovalSentinel | cst.FlattenSentinel[cst.CSTNodeT]:
+        left = super().on_leave(original_node, updated_node)
+        if isinstance(original_node, cst.BaseStatement) and isinstance(
+            left, cst.BaseStatement
+        ):
+            self.replaced[left] = original_node
+        return left
 
     def leave_SimpleStatementLine(
         self,
@@ -557,9 +570,7 @@ class _Rewrite(cst.CSTTransformer):
                 body.append(small.with_changes(value=cst.Name(write.name)))
         if not changed:
             return updated_node
-        new = updated_node.with_changes(body=body)
-        self.replaced[new] = original_node
-        return new
+        return updated_node.with_changes(body=body)
 
     def _store(self, small: cst.BaseSmallStatement) -> cst.Assign | None:
         """`t[i] = v` as `t = _setitem(t, i, v)`; `t[i] += v` as
@@ -641,7 +652,7 @@ def _bracketed(value: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def _reject_augmented(
-    node: cst.AugAssign, line: int, why: str, path: str, lines: list[str]
+    node: cst.AugAssign, line: int, why: str, path: str, lines: Sequence[str]
 ) -> Diagnostic:
     target = node.target
     assert isinstance(target, cst.Name)
@@ -663,7 +674,7 @@ def _reject_augmented(
     )
 
 
-def _reject(write: InPlace, why: str, path: str, lines: list[str]) -> Diagnostic:
+def _reject(write: InPlace, why: str, path: str, lines: Sequence[str]) -> Diagnostic:
     shown = (
         f"`{write.code}(...)`"
         if write.kind in ("method", "function")

@@ -10,7 +10,7 @@ forward (Python's late binding), and backward's body reads exactly those names.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,10 +18,10 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound, code, dotted
+from s2sgrad.cst import bound, code, dotted, findall, walk
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.model import Capture, Differentiator, Use
-from s2sgrad.lines import line_text, split_lines
+from s2sgrad.lines import line_text
 from s2sgrad.names import NameAllocator
 from s2sgrad.options import Options
 from s2sgrad.values import (
@@ -183,7 +183,7 @@ def lift(
 
 
 def check_outputs(
-    diff: Differentiator, evaluator: Evaluator, path: str, source: str
+    diff: Differentiator, evaluator: Evaluator, path: str, lines: Sequence[str]
 ) -> list[Diagnostic]:
     """Reject an output whose kind cannot be proven (S2S124).
 
@@ -192,7 +192,7 @@ def check_outputs(
     wrong would lose the gradient silently. `evaluator` holds forward's values.
     """
     final = diff.forward.body.body[-1]
-    line, text = _source_line(diff, final, split_lines(source), diff.last_line)
+    line, text = _source_line(diff, final, lines, diff.last_line)
     found = []
     for node in diff.outputs:
         value = evaluator.expr(node)
@@ -222,7 +222,7 @@ def check_outputs(
 def _source_line(
     diff: Differentiator,
     statement: cst.CSTNode,
-    lines: list[str],
+    lines: Sequence[str],
     default: int | None = None,
 ) -> tuple[int, str]:
     """The source line of a forward statement (or `default`, else the def line), and
@@ -246,7 +246,9 @@ _ITERATING = frozenset(
 )
 
 
-def check_parameters(diff: Differentiator, path: str, source: str) -> list[Diagnostic]:
+def check_parameters(
+    diff: Differentiator, path: str, lines: Sequence[str]
+) -> list[Diagnostic]:
     """Reject an unannotated parameter that takes a gradient and that the function
     uses as a sequence (S2S125).
 
@@ -254,13 +256,12 @@ def check_parameters(diff: Differentiator, path: str, source: str) -> list[Diagn
     tensors, the Function would take it as one opaque input and its elements would
     silently get no gradient.
     """
-    lines = split_lines(source)
     found = []
     for param in diff.params:
         if param.node.annotation is not None or not param.gets_gradient:
             continue
         finder = _SequenceUse(param.name, diff.qualified_names)
-        diff.forward.body.visit(finder)
+        walk(diff.forward.body, finder)
         if finder.use is None:
             continue
         statement, shown = finder.use
@@ -284,16 +285,15 @@ def check_parameters(diff: Differentiator, path: str, source: str) -> list[Diagn
 
 
 def check_untracked_bindings(
-    diff: Differentiator, path: str, source: str
+    diff: Differentiator, path: str, lines: Sequence[str]
 ) -> list[Diagnostic]:
     """Reject forward bindings that reverse mode and recomputation do not follow: an
     assignment expression (`(e := x.exp())`) and a `match` statement (S2S129). What
     they bind would be read as a constant, and higher orders would silently miss it.
     """
-    lines = split_lines(source)
     found = []
     for statement in diff.statements:
-        nodes = m.findall(statement, m.NamedExpr() | m.Match())
+        nodes = findall(statement, m.NamedExpr() | m.Match())
         for node in nodes[:1]:
             line, text = _source_line(diff, statement, lines)
             if isinstance(node, cst.NamedExpr):
@@ -319,7 +319,7 @@ def check_untracked_bindings(
 
 
 def check_detached(
-    diff: Differentiator, policy: str, path: str, source: str
+    diff: Differentiator, policy: str, path: str, lines: Sequence[str]
 ) -> list[Diagnostic]:
     """Reject backward reading an output that torch returns without a gradient although
     it holds floating-point values (S2S128), unless the function is first-order.
@@ -332,12 +332,11 @@ def check_detached(
     if diff.pragmas.get("policy", policy) == "first-order":
         return []
     captured = {c.name for c in diff.captures}
-    lines = split_lines(source)
     found = []
     #: Names bound to a whole result with detached outputs: (op, those outputs).
     results: dict[str, tuple[str, tuple[int, ...]]] = {}
     for statement in diff.statements:
-        for line_node in m.findall(statement, m.SimpleStatementLine()):
+        for line_node in findall(statement, m.SimpleStatementLine()):
             assert isinstance(line_node, cst.SimpleStatementLine)
             for small in line_node.body:
                 hit = _detached_capture(small, diff, captured, results)
@@ -368,10 +367,10 @@ def _only_to_backward_ops(backward: cst.FunctionDef, name: str) -> bool:
     """Whether backward passes `name` only to torch's own backward operators
     (`torch.ops.aten.native_layer_norm_backward(g, x, shape, mean, rstd, ...)`), whose
     derivatives account for it."""
-    uses = [n for n in m.findall(backward.body, m.Name(name))]
+    uses = [n for n in findall(backward.body, m.Name(name))]
     passed = {
         id(a.value)
-        for call in m.findall(backward.body, m.Call())
+        for call in findall(backward.body, m.Call())
         if isinstance(call, cst.Call) and code(call.func).endswith("_backward")
         for a in call.args
     }
@@ -428,7 +427,7 @@ _HISTORY_ATTRIBUTES = frozenset({"requires_grad", "grad_fn", "is_leaf"})
 
 
 def check_autograd_state(
-    diff: Differentiator, path: str, source: str
+    diff: Differentiator, path: str, lines: Sequence[str]
 ) -> list[Diagnostic]:
     """Reject forward statements that read autograd's state (S2S126).
 
@@ -439,12 +438,11 @@ def check_autograd_state(
     (unless forward rebinds the name).
     """
     params = {p.name for p in diff.params} - rebound_names(diff)
-    lines = split_lines(source)
     found = []
     for statement in diff.statements:
         hits = [
             node
-            for node in m.findall(statement, m.Call() | m.Attribute())
+            for node in findall(statement, m.Call() | m.Attribute())
             if _reads_autograd_state(node, params, diff.qualified_names)
         ]
         for node in hits[:1]:
@@ -585,7 +583,7 @@ def result_names(
     """
     body = diff.backward.body if body is None else body
     statements = list(body.body) if isinstance(body, cst.IndentedBlock) else []
-    returns = m.findall(body, m.Return())
+    returns = findall(body, m.Return())
     chosen: list[str | None] = [None] * len(diff.params)
     final = m.SimpleStatementLine(body=[m.Return()])
     if len(returns) == 1 and statements and m.matches(statements[-1], final):
@@ -618,7 +616,7 @@ def aliasing_names(diff: Differentiator) -> frozenset[str]:
     """
     found: set[str] = set()
     for statement in diff.statements:
-        for node in m.findall(
+        for node in findall(
             statement,
             m.Assign() | m.AnnAssign() | m.NamedExpr() | m.For() | m.WithItem(),
         ):
@@ -650,7 +648,7 @@ def may_alias_at(
     for statement in reversed(diff.statements[:top]):
         found = [
             expression
-            for binding in m.findall(
+            for binding in findall(
                 statement,
                 m.Assign() | m.AnnAssign() | m.NamedExpr() | m.For() | m.WithItem(),
             )
@@ -670,7 +668,7 @@ def may_alias_at(
 def _holds(tree: cst.CSTNode, node: cst.CSTNode) -> bool:
     """Whether `node` is `tree` or one of its descendants."""
     finder = _Finder(node)
-    tree.visit(finder)
+    walk(tree, finder)
     return finder.found
 
 

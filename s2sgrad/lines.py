@@ -8,6 +8,7 @@ would shift every line number after them. Light on purpose: the import hook uses
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 _KEEPING = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
@@ -27,6 +28,6 @@ def split_lines(source: str, keepends: bool = False) -> list[str]:
     return lines
 
 
-def line_text(lines: list[str], line: int) -> str:
+def line_text(lines: Sequence[str], line: int) -> str:
     """Return line `line` (1-based) of `lines`, or "" when out of range."""
     return lines[line - 1] if 0 < line <= len(lines) else ""

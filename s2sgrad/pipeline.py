@@ -12,6 +12,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from s2sgrad.autodiff.plan import differentiate, module_facts
 from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import generate
+from s2sgrad.cst import remembering
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import ParsedModule, checks, parse
 from s2sgrad.frontend.locate import Locator
@@ -41,8 +42,16 @@ def analyse(
 ) -> tuple[ParsedModule, list[Differentiated]]:
     """Parse, lift and differentiate `source`: the records `generate` takes.
 
-    `s2sgrad review` shows these records beside the text generated from them.
+    `s2sgrad review` shows these records beside the text generated from them. The
+    stages ask about the same subtrees again: each is walked once (`remembering`).
     """
+    with remembering():
+        return _analyse(source, origin, options)
+
+
+def _analyse(
+    source: str, origin: Origin, options: Options
+) -> tuple[ParsedModule, list[Differentiated]]:
     parsed = parse(source, origin.display_path)
     if not parsed.differentiators:
         raise TransformError([_none_found(parsed, origin.display_path)])
@@ -52,7 +61,7 @@ def analyse(
         differentiate(
             lift(d, options, facts, evaluator),
             options,
-            source,
+            parsed.lines,
             siblings,
             facts,
             origin.display_path,
@@ -86,13 +95,13 @@ def _judge_forward(
     judged: list[tuple[Differentiator, Evaluator | None]] = []
     for diff in parsed.differentiators:
         evaluator = forward_values(diff, facts)
-        unannotated = check_parameters(diff, path, parsed.source)
-        found += unannotated or check_outputs(diff, evaluator, path, parsed.source)
-        found += check_autograd_state(diff, path, parsed.source)
-        found += check_detached(diff, policy, path, parsed.source)
-        found += check_untracked_bindings(diff, path, parsed.source)
+        unannotated = check_parameters(diff, path, parsed.lines)
+        found += unannotated or check_outputs(diff, evaluator, path, parsed.lines)
+        found += check_autograd_state(diff, path, parsed.lines)
+        found += check_detached(diff, policy, path, parsed.lines)
+        found += check_untracked_bindings(diff, path, parsed.lines)
         try:
-            rewritten = out_of_place(diff, evaluator.env, path, parsed.source)
+            rewritten = out_of_place(diff, evaluator.env, path, parsed.lines)
         except TransformError as exc:
             found += exc.diagnostics
             continue

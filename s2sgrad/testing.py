@@ -460,7 +460,9 @@ class _Surrogate(torch.autograd.Function):
         values = ctx.saved_tensors[: ctx.count]
         with torch.enable_grad():
             result, backward = rule.closure(values, ctx.seed)
-            _read_own_outputs(backward, _tensors(result), ctx.saved_tensors[ctx.count :])
+            _read_own_outputs(
+                backward, _tensors(result), ctx.saved_tensors[ctx.count :]
+            )
             weights = [
                 g if _differentiable(o) else None
                 for o, g in zip(_tensors(result), grads, strict=True)

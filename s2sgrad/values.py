@@ -24,7 +24,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound, dotted, statements
+from s2sgrad.cst import bound, dotted, statements, walk
 from s2sgrad.frontend.model import Differentiator, Helper, Param
 
 TENSOR, NONE, NUMBER, OTHER, SEQ = "tensor", "none", "number", "other", "seq"
@@ -1221,5 +1221,5 @@ def writes(node: cst.CSTNode) -> set[str]:
     """The names a statement binds or changes in place (`hs.append(h)`, `m[i] = 0`,
     `mask.bernoulli_(p)`): what a later read of them depends on."""
     visitor = _Mutations()
-    node.visit(visitor)
+    walk(node, visitor)
     return bound(node) | visitor.names

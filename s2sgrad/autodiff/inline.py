@@ -20,7 +20,14 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad.autodiff.registry import Rule
-from s2sgrad.cst import NameRewriter, as_expression, as_statement, statements
+from s2sgrad.cst import (
+    NameRewriter,
+    as_expression,
+    as_statement,
+    nodes,
+    statements,
+    walk,
+)
 from s2sgrad.names import NameAllocator
 
 _ATOMS = (
@@ -57,7 +64,7 @@ class _Names(cst.CSTVisitor):
 
     def _target(self, target: cst.CSTNode) -> None:
         inner = _Names()
-        target.visit(inner)
+        walk(target, inner)
         self.bound |= inner.read
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
@@ -74,7 +81,7 @@ class _Names(cst.CSTVisitor):
 def _names(node: cst.CSTNode) -> tuple[frozenset[str], frozenset[str]]:
     """Return (names read, names bound) of a node; rule nodes are asked many times."""
     visitor = _Names()
-    node.visit(visitor)
+    walk(node, visitor)
     return frozenset(visitor.read), frozenset(visitor.bound)
 
 
@@ -220,10 +227,8 @@ def inline(
     statements: list[cst.BaseStatement] = _bind_repeated(
         mapping, [*body, *(e for e in entries if e is not None)], names, written or {}
     )
-    folder = _Fold()
     for statement in body:
-        unelif = as_statement(substitute(statement, mapping).visit(_Unelif()))
-        new = unelif.visit(folder)
+        new = _fold(_unelif(_inserted(statement, mapping)))
         if isinstance(new, cst.FlattenSentinel):
             statements += [as_statement(n) for n in new.nodes]
         elif isinstance(new, cst.BaseStatement):
@@ -234,25 +239,77 @@ def inline(
             None
             if e is None
             else as_expression(
-                substitute(as_expression(substitute(e, mapping).visit(folder)), aliases)
+                _renamed(as_expression(_fold(_inserted(e, mapping))), aliases)
             )
         )
         for e in entries
     )
     return Inlined(
-        tuple(as_statement(substitute(s, aliases)) for s in statements), out_entries
+        tuple(as_statement(_renamed(s, aliases)) for s in statements), out_entries
     )
 
 
-class _CountReads(NameRewriter):
-    """Count how often each name is read (never `.attr` or `keyword=` names)."""
+# Each pass below rebuilds every node it passes, and inlining runs for every step of
+# every differentiator: a pass that cannot change a node (no `elif`, no `if` to
+# fold, no alias to rename) is not run, which gives the same code. A pass also left
+# no node shared between two places or with the arguments (later stages find nodes
+# by identity): `_inserted` copies each argument where it puts it, so that holds
+# whichever passes run.
+
+
+class _Insert(_Substitute):
+    """`_Substitute` that puts a copy of the expression at each place."""
+
+    def rewrite(self, name: str) -> cst.BaseExpression | None:
+        found = self.mapping.get(name)
+        return None if found is None else found.deep_clone()
+
+
+def _inserted(
+    node: cst.CSTNode, mapping: Mapping[str, cst.BaseExpression]
+) -> cst.CSTNode:
+    """`substitute(node, mapping)` with a fresh copy of the expression at each use."""
+    result = node.visit(_Insert(mapping))
+    assert isinstance(result, cst.CSTNode)
+    return result
+
+
+def _unelif(node: cst.CSTNode) -> cst.BaseStatement:
+    """`node` with `_Unelif` applied, where it has an `elif`."""
+    if any(isinstance(n, cst.If) and isinstance(n.orelse, cst.If) for n in nodes(node)):
+        return as_statement(node.visit(_Unelif()))
+    return as_statement(node)
+
+
+def _fold(
+    node: cst.CSTNode,
+) -> cst.CSTNode | cst.FlattenSentinel[cst.CSTNode] | cst.RemovalSentinel:
+    """`node` with `_Fold` applied, where it has an `if` or a conditional expression."""
+    if any(isinstance(n, (cst.If, cst.IfExp)) for n in nodes(node)):
+        return node.visit(_Fold())
+    return node
+
+
+def _renamed(
+    node: cst.CSTNode, aliases: Mapping[str, cst.BaseExpression]
+) -> cst.CSTNode:
+    """`substitute(node, aliases)`, where there are aliases."""
+    return substitute(node, aliases) if aliases else node
+
+
+class _CountReads(cst.CSTVisitor):
+    """Count how often each name is read: the names a `NameRewriter` is asked
+    about (never `.attr`; a `keyword=` name counts, as it is asked about too)."""
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
 
-    def rewrite(self, name: str) -> cst.BaseExpression | None:
-        self.counts[name] = self.counts.get(name, 0) + 1
-        return None
+    def visit_Name(self, node: cst.Name) -> None:
+        self.counts[node.value] = self.counts.get(node.value, 0) + 1
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        walk(node.value, self)
+        return False
 
 
 def _cheap(node: cst.BaseExpression) -> bool:
@@ -292,7 +349,7 @@ def _bind_repeated(
     """
     counter = _CountReads()
     for node in code:
-        node.visit(counter)
+        walk(node, counter)
     lets: list[cst.BaseStatement] = []
     for param, value in list(mapping.items()):
         if counter.counts.get(param, 0) < 2 or _cheap(value):

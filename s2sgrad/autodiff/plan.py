@@ -31,7 +31,16 @@ from s2sgrad.autodiff.vjp import (
     placeholder_version,
     slice_of,
 )
-from s2sgrad.cst import as_expression, as_statement, bound, code, dotted, spelled
+from s2sgrad.cst import (
+    as_expression,
+    as_statement,
+    bound,
+    code,
+    dotted,
+    findall,
+    spelled,
+    walk,
+)
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import (
     METADATA_ATTRIBUTES,
@@ -48,7 +57,6 @@ from s2sgrad.lift import (
     origin,
     rebound_names,
 )
-from s2sgrad.lines import split_lines
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Options
 from s2sgrad.values import (
@@ -184,7 +192,7 @@ class Planner:
         self,
         lifted: Lifted,
         options: Options,
-        source: str,
+        lines: Sequence[str],
         siblings: Mapping[str, Sibling] | None = None,
         facts: ModuleFacts | None = None,
         path: str = "<source>",
@@ -196,7 +204,7 @@ class Planner:
         self.diff = lifted.source
         self.policy = self.diff.pragmas.get("policy", options.policy)
         self.line_length = options.line_length
-        self.source = split_lines(source)
+        self.source = lines
         self.program: Program = build(self.diff, self.diff.statement_lines, self.facts)
         self.shapes = shape_facts(self.program, self.diff.qualified_names)
         self.at_end = self.program.at_end()
@@ -291,7 +299,7 @@ class Planner:
     def _reads(self, attempt: _Attempt) -> list[tuple[int, str | None]]:
         reads = _Reads()
         for block in attempt.blocks:
-            block.visit(reads)
+            walk(block, reads)
         return reads.reads
 
     def _check_reads(self, attempt: _Attempt) -> None:
@@ -615,10 +623,10 @@ class Planner:
         lines = [
             line
             for statement in statements
-            for line in m.findall(statement, m.SimpleStatementLine())
+            for line in findall(statement, m.SimpleStatementLine())
         ]
         for statement in lines:
-            for call in m.findall(statement, m.Call()):
+            for call in findall(statement, m.Call()):
                 assert isinstance(call, cst.Call)
                 name = self._random_call(call, self.diff.qualified_names)
                 if name is None:
@@ -668,7 +676,7 @@ class Planner:
         )
         if helper is None or depth >= 4:
             return None
-        for inner in m.findall(helper.node.body, m.Call()):
+        for inner in findall(helper.node.body, m.Call()):
             assert isinstance(inner, cst.Call)
             found = self._random_call(inner, helper.qualified_names, depth + 1)
             if found is not None:
@@ -847,7 +855,7 @@ def _backward_locals(diff: Differentiator, body: cst.BaseSuite) -> set[str]:
 def sibling_of(diff: Differentiator, result: Value = UNKNOWN) -> Sibling:
     """Describe a differentiator as the rule for calls to it from its siblings."""
     names = Names.of(diff.name)
-    returns = m.findall(diff.backward.body, m.Return())
+    returns = findall(diff.backward.body, m.Return())
     bare = len(diff.params) == 1 and not any(
         isinstance(r, cst.Return) and isinstance(r.value, cst.Tuple) for r in returns
     )
@@ -860,7 +868,8 @@ def module_facts(parsed: ParsedModule) -> tuple[dict[str, Sibling], ModuleFacts]
     the module tells about calls (their results, its helpers).
 
     What each one returns depends on what the others it calls return: a few rounds
-    over the module reach the answer whatever the order they are defined in.
+    over the module reach the answer whatever the order they are defined in. A round
+    that changes nothing is the answer (the next would compute the same again).
     """
     diffs = parsed.differentiators
     constant = Evaluator({}, {})
@@ -868,7 +877,10 @@ def module_facts(parsed: ParsedModule) -> tuple[dict[str, Sibling], ModuleFacts]
     facts = ModuleFacts({d.name: UNKNOWN for d in diffs}, parsed.helpers, constants)
     for _ in range(min(len(diffs), 4)):
         results = {d.name: result_value(d, facts) for d in diffs}
+        settled = results == facts.siblings
         facts = ModuleFacts(results, parsed.helpers, constants)
+        if settled:
+            break
     siblings = {d.name: sibling_of(d, facts.siblings[d.name]) for d in diffs}
     return siblings, facts
 
@@ -876,13 +888,14 @@ def module_facts(parsed: ParsedModule) -> tuple[dict[str, Sibling], ModuleFacts]
 def differentiate(
     lifted: Lifted,
     options: Options,
-    source: str,
+    lines: Sequence[str],
     siblings: Mapping[str, Sibling] | None = None,
     facts: ModuleFacts | None = None,
     path: str = "<source>",
 ) -> Differentiated:
-    """Complete `lifted` with the gradients of its temporaries."""
-    return Planner(lifted, options, source, siblings, facts, path).plan()
+    """Complete `lifted` with the gradients of its temporaries (`lines`: the source
+    module's, for the comments that quote it)."""
+    return Planner(lifted, options, lines, siblings, facts, path).plan()
 
 
 def _comments(blocks: Sequence[cst.BaseStatement]) -> list[cst.Comment]:
@@ -894,5 +907,5 @@ def _comments(blocks: Sequence[cst.BaseStatement]) -> list[cst.Comment]:
             found.append(node)
 
     for block in blocks:
-        block.visit(_Collect())
+        walk(block, _Collect())
     return found

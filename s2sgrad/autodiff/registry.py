@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
+from s2sgrad.cst import findall
 from s2sgrad.frontend import parse
 from s2sgrad.frontend.model import Differentiator
 
@@ -55,7 +56,7 @@ def rule_from(diff: Differentiator) -> Rule | None:
     )
     if not body or not m.matches(body[-1], m.SimpleStatementLine(body=[m.Return()])):
         return None
-    returns = m.findall(diff.backward.body, m.Return())
+    returns = findall(diff.backward.body, m.Return())
     if len(returns) != 1 or len(diff.grad_params) != 1:
         return None
     final = body[-1]

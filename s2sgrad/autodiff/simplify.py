@@ -29,7 +29,15 @@ from collections.abc import Callable, Collection, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from s2sgrad.cst import as_expression, as_statement, name_counts, spelled, statements
+from s2sgrad.cst import (
+    as_expression,
+    as_statement,
+    findall,
+    name_counts,
+    spelled,
+    statements,
+    walk,
+)
 
 ACCUMULATE = "_accumulate"
 
@@ -51,6 +59,12 @@ def simplify(
 
 def fold(statement: cst.BaseStatement) -> list[cst.BaseStatement]:
     """Fold constants and settled tests; a settled `if` becomes the branch taken."""
+    finder = _Foldable()
+    walk(statement, finder)
+    if not finder.found:
+        # `_Fold` would rebuild every node and change none: where no node can be
+        # folded as it stands, none can once its children are (they are the same).
+        return [statement]
     new = statement.visit(_Fold())
     if isinstance(new, cst.FlattenSentinel):
         return [as_statement(n) for n in new.nodes]
@@ -198,6 +212,42 @@ class _Fold(cst.CSTTransformer):
         return cst.FlattenSentinel(statements(orelse.body))
 
 
+class _Foldable(cst.CSTVisitor):
+    """Find a node `_Fold` would replace (the tests of its `leave_` methods)."""
+
+    def __init__(self) -> None:
+        self.found = False
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        left, right = _number(node.left), _number(node.right)
+        op = type(node.operator)
+        if left is not None and right is not None and op in _ARITHMETIC:
+            self.found = True
+        elif op is cst.Power and right == 1 and isinstance(node.right, cst.Integer):
+            self.found = True
+
+    def visit_UnaryOperation(self, node: cst.UnaryOperation) -> None:
+        inner = node.expression
+        if (
+            isinstance(node.operator, cst.Minus)
+            and isinstance(inner, cst.UnaryOperation)
+            and isinstance(inner.operator, cst.Minus)
+        ):
+            self.found = True
+
+    def visit_BooleanOperation(self, node: cst.BooleanOperation) -> None:
+        if _truth(node) is not None:
+            self.found = True
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        if _truth(node.test) is not None:
+            self.found = True
+
+    def visit_If(self, node: cst.If) -> None:
+        if _truth(node.test) is not None:
+            self.found = True
+
+
 def _keep_parens(
     outer: cst.BaseExpression, inner: cst.BaseExpression
 ) -> cst.BaseExpression:
@@ -226,7 +276,14 @@ def _contribution(
     statement: cst.BaseStatement,
 ) -> tuple[str, cst.BaseExpression] | None:
     """(acc, e) of `acc = _accumulate(acc, e)`, or None."""
-    if not m.matches(statement, _ADD):
+    # Asked of every statement, twice: what is not one assignment of a call (most
+    # statements, and every block) is told apart before the matcher's deep compare.
+    if not (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Assign)
+        and isinstance(statement.body[0].value, cst.Call)
+    ) or not m.matches(statement, _ADD):
         return None
     assert isinstance(statement, cst.SimpleStatementLine)
     assign = statement.body[0]
@@ -270,8 +327,35 @@ def first_contributions(
 
 
 def _assigned(node: cst.CSTNode) -> set[str]:
-    targets = m.findall(node, m.AssignTarget())
-    return spelled(*targets) if targets else set()
+    """The names assignments in `node` bind (`a` in `a = ...`, `a[i] = ...`)."""
+    finder = _Targets()
+    walk(node, finder)
+    return spelled(*finder.targets) if finder.targets else set()
+
+
+class _Targets(cst.CSTVisitor):
+    """Every `AssignTarget` under a node, as `findall(node, m.AssignTarget())` finds
+    them; it does not descend into expressions, where there are none (they belong
+    to `Assign` statements only)."""
+
+    def __init__(self) -> None:
+        self.targets: list[cst.AssignTarget] = []
+
+    def visit_Assign(self, node: cst.Assign) -> bool:
+        self.targets += node.targets
+        return False
+
+    def visit_Expr(self, node: cst.Expr) -> bool:
+        return False
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> bool:
+        return False
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
+        return False
+
+    def visit_Return(self, node: cst.Return) -> bool:
+        return False
 
 
 # -- repeated contributions -----------------------------------------------------------
@@ -314,7 +398,7 @@ def merge_repeats(body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
 
 
 def _reads(node: cst.CSTNode, name: str) -> bool:
-    return bool(m.findall(node, m.Name(name)))
+    return bool(findall(node, m.Name(name)))
 
 
 def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:

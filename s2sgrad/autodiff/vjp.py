@@ -11,7 +11,7 @@ when its incoming gradient is not None, and every contribution is added None-awa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -156,7 +156,7 @@ class Generator:
         registry: Registry,
         names: NameAllocator,
         accumulators: dict[int, str],
-        source: list[str],
+        source: Sequence[str],
         siblings: Mapping[str, Sibling] | None = None,
         facts: ModuleFacts | None = None,
         shapes: ShapeFacts | None = None,

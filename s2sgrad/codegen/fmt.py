@@ -2,10 +2,16 @@
 
 A generated module is formatted one top-level definition at a time: black's spacing
 between module-level definitions is fixed (two blank lines), so the pieces joined with
-it are what black makes of the whole text, and black's own second pass (which it runs
-when its first changed anything) then covers only the pieces that needed it, not the
-whole module. The guard's fixed-point check in the tests formats whole modules, so it
-would see any difference.
+it are what black makes of the whole text.
+
+Each piece goes through black once. `black.format_str` runs its formatting pass a
+second time whenever the first changed anything (always, for generated code), to
+settle trailing commas that the first pass added; that doubles the cost of
+formatting, the largest single cost of a conversion. Where the first pass gives a
+fixed point of black, the second returns it unchanged, so one pass is the same text.
+That it is a fixed point is what the guard checks on everything the tests generate
+(`check_generated(..., fixed_point=True)`, tests/conftest.py), on whole modules with
+`format_whole`, which is black as its users run it.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import ast
 import functools
 import itertools
+from collections.abc import Callable, Iterable
 
 import black
 from black.mode import Mode, TargetVersion
@@ -34,7 +41,18 @@ def mode(line_length: int) -> Mode:
 
 def format_code(code: str, line_length: int) -> str:
     """`code` formatted by black, one top-level definition at a time."""
-    return "\n\n".join(_format_piece(piece, line_length) for piece in _pieces(code))
+    return format_pieces(_pieces(code), line_length)
+
+
+def format_pieces(pieces: Iterable[str], line_length: int) -> str:
+    """Format each piece once and join them as black joins top-level definitions.
+
+    A piece is one top-level `def` or `class` with the comment lines right above it
+    and the statements after it up to the next (the first piece: what comes before
+    the first definition). A caller that writes the definitions one by one can hand
+    them over without the parse that `format_code` needs to cut the module.
+    """
+    return "\n\n".join(_format_piece(piece, line_length) for piece in pieces)
 
 
 def format_whole(code: str, line_length: int) -> str:
@@ -44,8 +62,19 @@ def format_whole(code: str, line_length: int) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _format_piece(piece: str, line_length: int) -> str:
-    """One piece; the same text recurs (the runtime in every module, the rules)."""
-    return black.format_str(piece, mode=mode(line_length))
+    """One piece, one pass; the same text recurs (the runtime, the rules)."""
+    return _format_once(piece, mode=_modes(line_length))
+
+
+@functools.lru_cache(maxsize=8)
+def _modes(line_length: int) -> Mode:
+    """One `Mode` per line length: black compares modes on every call it caches."""
+    return mode(line_length)
+
+
+#: black's formatting pass without its second, settling pass (see the module
+#: docstring); the whole of `black.format_str` where a black lacks it.
+_format_once: Callable[..., str] = getattr(black, "_format_str_once", black.format_str)
 
 
 def _pieces(code: str) -> list[str]:

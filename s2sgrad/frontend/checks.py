@@ -15,7 +15,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from s2sgrad.cst import spelled
+from s2sgrad.cst import findall, nodes, walk
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.locate import Locator
 
@@ -108,7 +108,7 @@ def backward_name(forward: cst.FunctionDef) -> str | None:
     if "backward" in defs:
         return "backward"
     returned = _ReturnedNames()
-    forward.body.visit(returned)
+    walk(forward.body, returned)
     hits = sorted(defs & returned.names)
     return hits[0] if hits else None
 
@@ -175,7 +175,7 @@ def check_nested_backward(forward: cst.FunctionDef, loc: Locator) -> list[Diagno
     if pair is None or not isinstance(pair[1], cst.Name):
         return []
     finder = _DefsInBlocks(pair[1].value)
-    forward.body.visit(finder)
+    walk(forward.body, finder)
     if finder.hit is None:
         return []
     node, block = finder.hit
@@ -223,7 +223,7 @@ def check_structure(
     found += _check_signature(forward, loc)
     closing = closing_return(forward)
     checker = _BodyChecker(forward, backward, closing, loc)
-    forward.body.visit(checker)
+    walk(forward.body, checker)
     found += checker.found
     defs = [d for d in nested_defs(forward) if d.name.value == backward]
     if len(defs) > 1:
@@ -452,7 +452,7 @@ def _check_gradient_count(
     ]
     n_params = len(names)
     returns = _OwnReturns()
-    bw.body.visit(returns)
+    walk(bw.body, returns)
     name, bname = forward.name.value, bw.name.value
     hint = (
         f"return one entry per parameter of `{name}` ({', '.join(names)}), "
@@ -809,21 +809,26 @@ def check_sibling_closures(
     orders flow through `g_forward`. A closure kept in a name or captured from forward
     would be `g_forward`'s context tuple in the generated code, so it is rejected here.
     """
-    if not siblings or not (spelled(forward) & siblings):
-        return []
+    if not siblings or not any(
+        isinstance(n, cst.Call)
+        and isinstance(n.func, cst.Name)
+        and n.func.value in siblings
+        for n in nodes(forward)
+    ):
+        return []  # every use below is of a call of a sibling
     sibling = m.Call(func=m.Name(m.MatchIfTrue(lambda n: n in siblings)))
     closure = _second_of(sibling)
     bw = next((d for d in nested_defs(forward) if d.name.value == backward), None)
-    calls = m.findall(bw, m.Call(func=closure)) if bw else []
+    calls = findall(bw, m.Call(func=closure)) if bw else []
     called_in_backward = {id(c.func) for c in calls if isinstance(c, cst.Call)}
     found = []
-    for node in m.findall(forward, closure):
+    for node in findall(forward, closure):
         if id(node) in called_in_backward:
             continue
         assert isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call)
         found.append(_sibling_closure_error(node, node.value, loc))
     kept: dict[str, cst.Call] = {}
-    for assign in m.findall(
+    for assign in findall(
         forward,
         m.Assign(
             targets=[m.AssignTarget(m.Tuple([m.DoNotCare(), m.DoNotCare()]))],
@@ -837,17 +842,17 @@ def check_sibling_closures(
         if isinstance(second, cst.Name) and second.value != "_":
             kept[second.value] = assign.value
     for name, call in kept.items():
-        uses = m.findall(forward, m.Call(func=m.Name(name)))
+        uses = findall(forward, m.Call(func=m.Name(name)))
         if uses:
             found.append(_sibling_closure_error(uses[0], call, loc, name))
     # `pair = g(x)`, then `pair[1]`: the same closure through the pair.
-    for assign in m.findall(
+    for assign in findall(
         forward, m.Assign(targets=[m.AssignTarget(m.Name())], value=sibling)
     ):
         assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
         target = assign.targets[0].target
         assert isinstance(target, cst.Name)
-        through = m.findall(forward, _second_of(m.Name(target.value)))
+        through = findall(forward, _second_of(m.Name(target.value)))
         if through:
             found.append(_sibling_closure_error(through[0], assign.value, loc))
     return found

@@ -23,7 +23,7 @@ class Locator:
         self, path: str, source: str, positions: Mapping[cst.CSTNode, CodeRange]
     ):
         self.path = path
-        self.lines = split_lines(source)
+        self.lines = tuple(split_lines(source))
         self.positions = positions
 
     def line_of(self, node: cst.CSTNode) -> int:

@@ -156,6 +156,8 @@ class ParsedModule:
 
     path: str
     source: str
+    #: `source` split into lines as Python numbers them (`s2sgrad.lines`), once.
+    lines: tuple[str, ...]
     module: cst.Module
     differentiators: tuple[Differentiator, ...]
     globals: Mapping[str, GlobalName]

@@ -13,7 +13,8 @@ import ast
 import difflib
 import re
 import warnings
-from typing import get_args
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, get_args
 
 import libcst as cst
 import libcst.matchers as m
@@ -21,16 +22,16 @@ from libcst.metadata import (
     CodePosition,
     CodeRange,
     GlobalScope,
-    MetadataWrapper,
-    ParentNodeProvider,
     PositionProvider,
-    QualifiedNameProvider,
+    Scope,
     ScopeProvider,
 )
 
+from s2sgrad.cst import as_statement, findall, walk
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import checks
 from s2sgrad.frontend.locate import Locator
+from s2sgrad.frontend.metadata import Metadata
 from s2sgrad.frontend.model import Differentiator, Helper, Param, ParsedModule
 from s2sgrad.frontend.scopes import ScopeAnalysis, global_name
 from s2sgrad.lines import line_text, split_lines
@@ -41,7 +42,7 @@ _PRAGMA_PAIR = re.compile(r"([A-Za-z_][\w-]*)\s*=\s*([\w.-]+)")
 #: Pragma keys and the values each one takes.
 PRAGMAS: dict[str, tuple[str, ...]] = {
     "policy": get_args(Policy),
-    "compile": ("true", "false"),
+    "compile": ("true", "false", "strict"),
     # backward is meant to differ from forward's derivative (a straight-through
     # estimator, a surrogate gradient): s2sgrad.testing checks the op against it
     "surrogate": ("true", "false"),
@@ -157,7 +158,7 @@ def parse(source: str, path: str) -> ParsedModule:
             ]
         ) from None
     if _TUPLE_ARITHMETIC.search(source):
-        module = module.visit(_TupleReturns())
+        module = _spell_tuple_returns(module)
     try:
         return _parse_module(module, source, path, tree)
     except Exception as exc:
@@ -170,6 +171,36 @@ def parse(source: str, path: str) -> ParsedModule:
 
 #: `return (grad,) + (None,) * 3` and the like, somewhere in the source.
 _TUPLE_ARITHMETIC = re.compile(r"\breturn\b[^\n]*\)\s*[+*]")
+
+
+def _spell_tuple_returns(module: cst.Module) -> cst.Module:
+    """`module` with `_TupleReturns` applied to the top-level statements that hold a
+    return it may rewrite; the others are kept as they are (rebuilding every node
+    of a large module cost more than parsing it)."""
+    body = []
+    for stmt in module.body:
+        finder = _NestedReturns()
+        walk(stmt, finder)
+        body.append(as_statement(stmt.visit(_TupleReturns())) if finder.found else stmt)
+    return module.with_changes(body=body)
+
+
+class _NestedReturns(cst.CSTVisitor):
+    """Find a `return a + b` or `return a * b` inside a nested function."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.found = False
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.depth += 1
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.depth -= 1
+
+    def visit_Return(self, node: cst.Return) -> None:
+        if self.depth >= 2 and isinstance(node.value, cst.BinaryOperation):
+            self.found = True
 
 
 class _TupleReturns(cst.CSTTransformer):
@@ -256,7 +287,7 @@ def _calls_of_flat(
     reads a call's result as `(result, backward)`."""
     if not flat:
         return []
-    calls = m.findall(forward, m.Call(func=m.Name(m.MatchIfTrue(lambda n: n in flat))))
+    calls = findall(forward, m.Call(func=m.Name(m.MatchIfTrue(lambda n: n in flat))))
     found = []
     for call in calls[:1]:
         assert isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
@@ -328,18 +359,16 @@ def _parse_module(
         positions.compute(stmt)
         pending.append((stmt, bname))
     helpers = _helpers(module, [f for f, _ in pending], seen)
-    wrapper = MetadataWrapper(
-        _skeleton(module, {f for f, _ in pending} | set(helpers), source),
-        unsafe_skip_copy=True,
-    )
-    # One batched pass computes every provider the name analysis reads.
-    wrapper.resolve_many([ScopeProvider, ParentNodeProvider, QualifiedNameProvider])
-    scopes = wrapper.resolve(ScopeProvider)
-    analysis = ScopeAnalysis(
-        scopes, wrapper.resolve(ParentNodeProvider), positions, loc
-    )
+    skeleton = _skeleton(module, {f for f, _ in pending} | set(helpers), source)
+    # Scopes are libcst's, resolved once; parents and qualified names are read off
+    # them and the functions' own nodes (what ParentNodeProvider and
+    # QualifiedNameProvider compute, for every node of the module, in passes of
+    # their own).
+    scopes = Metadata(skeleton, unsafe_skip_copy=True).resolve(ScopeProvider)
+    walks = {f: _collect(f) for f in [*(f for f, _ in pending), *helpers]}
+    analysis = ScopeAnalysis(scopes, _parents(walks), positions, loc)
     global_scope = next(s for s in scopes.values() if isinstance(s, GlobalScope))
-    qualified = _qualified_names(wrapper, global_scope)
+    qualified = _qualified_names(skeleton, scopes, global_scope, walks.values())
     records: list[Differentiator] = []
     names = frozenset(stmt.name.value for stmt, _ in pending)
     flat = frozenset(stmt.name.value for stmt, _ in pending if _returns_flat(stmt))
@@ -347,7 +376,7 @@ def _parse_module(
         own = names - {stmt.name.value}
         found += _calls_of_flat(stmt, flat & own, loc)
         found += checks.check_sibling_closures(stmt, bname, own - flat, loc)
-        record, problems = _build(stmt, bname, analysis, loc, qualified)
+        record, problems = _build(stmt, bname, analysis, loc, qualified, walks[stmt])
         found += problems
         if record is not None:
             records.append(record)
@@ -361,13 +390,14 @@ def _parse_module(
         f.name.value: Helper(
             f.name.value,
             f,
-            {n: qualified[n] for n in _collect(f).nodes if n in qualified},
+            {n: qualified[n] for n in walks[f].nodes if n in qualified},
         )
         for f in helpers
     }
     return ParsedModule(
         path,
         source,
+        loc.lines,
         module,
         tuple(records),
         globals_,
@@ -418,7 +448,7 @@ def _helpers(
     todo = list(differentiators)
     while todo:
         node = todo.pop()
-        for call in m.findall(node, m.Call(func=m.Name())):
+        for call in findall(node, m.Call(func=m.Name())):
             assert isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
             name = call.func.value
             if name in functions and name not in found:
@@ -443,17 +473,17 @@ def _defined_twice(
     )
 
 
-class _Positions(dict[cst.CSTNode, CodeRange]):
+class _Positions(Mapping[cst.CSTNode, CodeRange]):
     """Source positions of the nodes of the top-level functions that need them.
 
     Each function is laid out alone (libcst's PositionProvider on a one-function
     module) and shifted to the line Python's own parser gives its `def`, so the
-    cost is in the size of the functions looked at, not of the module.
-    `defer(f)` makes a lookup that misses compute `f`'s positions.
+    cost is in the size of the functions looked at, not of the module; a position
+    is shifted when it is read. `defer(f)` makes a lookup that misses compute `f`'s
+    positions (`in` and `get` look only at what is computed, as a dict's do).
     """
 
     def __init__(self, module: cst.Module, tree: ast.Module) -> None:
-        super().__init__()
         self.module = module
         functions = [s for s in module.body if isinstance(s, cst.FunctionDef)]
         lines = [
@@ -467,6 +497,9 @@ class _Positions(dict[cst.CSTNode, CodeRange]):
         )
         self.deferred: cst.FunctionDef | None = None
         self.done: set[cst.FunctionDef] = set()
+        #: Positions in each function's own layout, and the lines to add to them.
+        self.local: dict[cst.CSTNode, CodeRange] = {}
+        self.shift: dict[cst.CSTNode, int] = {}
 
     def defer(self, function: cst.FunctionDef) -> None:
         self.deferred = function
@@ -480,20 +513,38 @@ class _Positions(dict[cst.CSTNode, CodeRange]):
             default_indent=self.module.default_indent,
             default_newline=self.module.default_newline,
         )
-        local = MetadataWrapper(mini, unsafe_skip_copy=True).resolve(PositionProvider)
+        local = Metadata(mini, unsafe_skip_copy=True).resolve(PositionProvider)
+        self.local.update(local)
+        del self.local[mini]
         shift = self.def_lines[function] - local[function.name].start.line
-        for node, where in local.items():
-            if node is not mini:
-                self[node] = CodeRange(
-                    CodePosition(where.start.line + shift, where.start.column),
-                    CodePosition(where.end.line + shift, where.end.column),
-                )
+        self.shift.update(dict.fromkeys(local, shift))
 
-    def __missing__(self, node: cst.CSTNode) -> CodeRange:
-        if self.deferred is None or self.deferred in self.done:
-            raise KeyError(node)
-        self.compute(self.deferred)
-        return self[node]
+    def __getitem__(self, node: cst.CSTNode) -> CodeRange:
+        where = self.local.get(node)
+        if where is None:
+            if self.deferred is None or self.deferred in self.done:
+                raise KeyError(node)
+            self.compute(self.deferred)
+            where = self.local[node]
+        shift = self.shift[node]
+        if not shift:
+            return where
+        return CodeRange(
+            CodePosition(where.start.line + shift, where.start.column),
+            CodePosition(where.end.line + shift, where.end.column),
+        )
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.local
+
+    def get(self, node: cst.CSTNode, default: Any = None) -> Any:
+        return self[node] if node in self.local else default
+
+    def __iter__(self) -> Iterator[cst.CSTNode]:
+        return iter(self.local)
+
+    def __len__(self) -> int:
+        return len(self.local)
 
 
 def _skeleton(
@@ -583,24 +634,37 @@ def _alias_of(stmt: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
     return target.value, value
 
 
+def _parents(
+    walks: Mapping[cst.FunctionDef, _Collect],
+) -> dict[cst.CSTNode, cst.CSTNode]:
+    """The parent of every node inside the functions walked."""
+    return {
+        child: parent for w in walks.values() for child, parent in w.parents.items()
+    }
+
+
 def _qualified_names(
-    wrapper: MetadataWrapper, scope: GlobalScope
+    skeleton: cst.Module,
+    scopes: Mapping[cst.CSTNode, Scope | None],
+    global_scope: GlobalScope,
+    walks: Iterable[_Collect],
 ) -> dict[cst.CSTNode, str]:
-    resolved = wrapper.resolve(QualifiedNameProvider)
+    """The qualified name of each name and attribute in the functions walked (as
+    libcst's QualifiedNameProvider gives it: the scope's `get_qualified_names_for`)."""
 
     def names_of(node: cst.CSTNode) -> list[str]:
-        found = resolved.get(node, ())
-        value = found() if callable(found) else found
+        scope = scopes.get(node)
+        found = scope.get_qualified_names_for(node) if scope is not None else ()
         # Names through a function's locals (`f.<locals>.x.exp`) say nothing about
         # which library function runs; only module-level ones are kept.
-        return sorted(q.name for q in value if "<locals>" not in q.name)
+        return sorted(q.name for q in found if "<locals>" not in q.name)
 
     # A module-level name bound once to an imported attribute stands for it:
     # `aten.slice` is `torch.ops.aten.slice` after `aten = torch.ops.aten`.
     aliases: dict[str, str] = {}
-    for stmt in wrapper.module.body:
+    for stmt in skeleton.body:
         alias = _alias_of(stmt)
-        if alias is None or len(scope.assignments[alias[0]]) != 1:
+        if alias is None or len(global_scope.assignments[alias[0]]) != 1:
             continue
         target = names_of(alias[1])
         if len(target) == 1:
@@ -608,12 +672,13 @@ def _qualified_names(
             head = aliases.get(head, head)
             aliases[alias[0]] = f"{head}.{rest}" if rest else head
     out: dict[cst.CSTNode, str] = {}
-    for node in resolved:
-        if isinstance(node, (cst.Name, cst.Attribute)):
-            known = names_of(node)
-            if known:
-                head, dot, rest = known[0].partition(".")
-                out[node] = aliases.get(head, head) + dot + rest
+    for walked in walks:
+        for node in walked.nodes:
+            if isinstance(node, (cst.Name, cst.Attribute)):
+                known = names_of(node)
+                if known:
+                    head, dot, rest = known[0].partition(".")
+                    out[node] = aliases.get(head, head) + dot + rest
     return out
 
 
@@ -623,6 +688,7 @@ def _build(
     analysis: ScopeAnalysis,
     loc: Locator,
     qualified: dict[cst.CSTNode, str],
+    walk: _Collect,
 ) -> tuple[Differentiator | None, list[Diagnostic]]:
     backward = next(d for d in checks.nested_defs(forward) if d.name.value == bname)
     facts = analysis.analyse(forward, backward)
@@ -645,9 +711,6 @@ def _build(
     grads = tuple(
         p.name.value for p in (*backward.params.posonly_params, *backward.params.params)
     )
-    # Walk only this function's nodes: a pass over the whole module per
-    # differentiator would make large modules quadratic.
-    walk = _collect(forward)
     nodes = walk.nodes
     returns = [n for n in walk.inside(backward) if isinstance(n, cst.Return)]
     params = _params(forward, returns)
@@ -692,19 +755,26 @@ def _build(
 
 
 class _Collect(cst.CSTVisitor):
-    """Every node of a subtree in source order, and where each function's nodes are."""
+    """Every node of a subtree in source order, each node's parent, and where each
+    function's nodes are: one walk of a function that every later question reads."""
 
     def __init__(self) -> None:
         self.nodes: list[cst.CSTNode] = []
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
+        self._open: list[cst.CSTNode] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.FunctionDef):
             self.spans[node] = (len(self.nodes), -1)
+        if self._open:
+            self.parents[node] = self._open[-1]
+        self._open.append(node)
         self.nodes.append(node)
         return True
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
+        self._open.pop()
         if isinstance(original_node, cst.FunctionDef):
             self.spans[original_node] = (self.spans[original_node][0], len(self.nodes))
 
@@ -716,7 +786,7 @@ class _Collect(cst.CSTVisitor):
 def _collect(root: cst.CSTNode) -> _Collect:
     """Walk `root`'s subtree once, `root` included."""
     collect = _Collect()
-    root.visit(collect)
+    walk(root, collect)
     return collect
 
 

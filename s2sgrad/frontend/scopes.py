@@ -29,6 +29,7 @@ from libcst.metadata import (
 )
 
 from s2sgrad import opfacts
+from s2sgrad.cst import findall, walk
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.locate import Locator
 from s2sgrad.frontend.model import (
@@ -173,7 +174,7 @@ class ScopeAnalysis:
             )
         )
         finder = _MutationFinder(backward, self.imported)
-        forward.body.visit(finder)
+        walk(forward.body, finder)
         found += self._augmented_before_assignment(finder.augmented)
         problems, writes = self._mutations(forward, finder.hits, captures)
         found += problems
@@ -411,7 +412,7 @@ def _param_names(forward: cst.FunctionDef, params: set[str]) -> dict[str, str]:
     that parameter."""
     bound = {
         (a.targets[0].target.value, a.value.value)
-        for a in m.findall(forward.body, m.Assign(targets=[m.AssignTarget(m.Name())]))
+        for a in findall(forward.body, m.Assign(targets=[m.AssignTarget(m.Name())]))
         if isinstance(a, cst.Assign)
         and isinstance(a.targets[0].target, cst.Name)
         and isinstance(a.value, cst.Name)
@@ -444,11 +445,11 @@ def _signature_names(function: cst.FunctionDef) -> Iterator[cst.Name]:
     for param in _all_params(function):
         for part in (param.annotation, param.default):
             if part is not None:
-                for name in m.findall(part, m.Name()):
+                for name in findall(part, m.Name()):
                     assert isinstance(name, cst.Name)
                     yield name
     if function.returns is not None:
-        for name in m.findall(function.returns, m.Name()):
+        for name in findall(function.returns, m.Name()):
             assert isinstance(name, cst.Name)
             yield name
 
@@ -466,7 +467,7 @@ def _string_annotation_names(
             parsed = cst.parse_expression(text if isinstance(text, str) else "")
         except cst.ParserSyntaxError:
             continue
-        for name in m.findall(parsed, m.Name()):
+        for name in findall(parsed, m.Name()):
             assert isinstance(name, cst.Name)
             yield string, name.value
 

@@ -170,7 +170,9 @@ def _temporaries(record: ReviewRecord) -> list[Line]:
         lines.append([("  The generated VJP differentiates:", None)])
         lines += [[(f"      {statement}", None)] for statement in record.vjp_statements]
     if record.first_order:
-        lines.append([("  backward is first-order only: a second-order use raises", None)])
+        lines.append(
+            [("  backward is first-order only: a second-order use raises", None)]
+        )
     return lines
 
 
