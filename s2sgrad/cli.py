@@ -545,7 +545,15 @@ def _engine_flags() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="run each Function's f_forward and f_backward compiled by inductor "
-        "(double backward stays right); --no-compile overrides `compile = true`",
+        "(double backward stays right; a call torch.compile cannot handle runs "
+        "eagerly after one warning); --no-compile overrides `compile = true`",
+    )
+    flags.add_argument(
+        "--compile-strict",
+        dest="compile",
+        action="store_const",
+        const="strict",
+        help="--compile, where a call torch.compile cannot handle is an error",
     )
     flags.add_argument(
         "--standalone",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, get_args
 
-from s2sgrad.options import Options, Policy
+from s2sgrad.options import Compile, Options, Policy
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,7 +48,7 @@ class Config:
     output_dir: Path | None = None
     policy: Policy = "promote"
     line_length: int = 88
-    compile: bool = False
+    compile: Compile = False
     standalone: bool = False
     #: Globs that select files found in directories (not files named explicitly).
     include: tuple[str, ...] = ("*.py",)
@@ -95,7 +95,7 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "output-dir": ("output_dir", str, "a string (a directory)"),
     "policy": ("policy", str, "a string"),
     "line-length": ("line_length", int, "an integer"),
-    "compile": ("compile", bool, "true or false"),
+    "compile": ("compile", object, 'true, false or "strict"'),
     "standalone": ("standalone", bool, "true or false"),
     "include": ("include", list, "a list of strings (globs)"),
     "exclude": ("exclude", list, "a list of strings (globs)"),
@@ -147,7 +147,7 @@ def parse_table(table: object, path: Path, shown: str) -> Config:
             )
         field, kind, described = _KEYS[key]
         wrong_type = not isinstance(value, kind) or (
-            kind is not bool and isinstance(value, bool)
+            kind not in (bool, object) and isinstance(value, bool)
         )
         if wrong_type or (kind is list and not all(isinstance(v, str) for v in value)):
             raise ConfigError(
@@ -175,6 +175,8 @@ def _checked(key: str, value: Any, shown: str) -> Any:
         problem = "must be a non-empty suffix of a module name, like '_grad'"
     elif key == "output-dir" and not value:
         problem = "must name a directory"
+    elif key == "compile" and not (isinstance(value, bool) or value == "strict"):
+        problem = 'must be true, false or "strict"'
     if problem:
         raise ConfigError(f"{shown}: {TABLE} {key!r} {problem}, got {value!r}")
     return value

@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 Policy = Literal["promote", "first-order", "recompute"]
+#: `compile`: off, on (a call torch.compile cannot handle runs eagerly, after one
+#: warning), or "strict" (such a call is an error).
+Compile = Literal[False, True, "strict"]
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,7 @@ class Options:
     line_length: int = 88
     suffix: str = "_grad"
     #: Run f_forward/f_backward inductor-compiled (`--compile`, `compile = true`).
-    compile: bool = False
+    compile: Compile = False
     #: Carry the parts of `s2sgrad.runtime` the module uses instead of importing it
     #: (`--standalone`, `standalone = true`): it then runs where s2sgrad is not installed.
     standalone: bool = False

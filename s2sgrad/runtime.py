@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import types
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -168,15 +169,10 @@ try:  # private torch API; another torch takes Function.apply as is
     from torch._functorch.utils import unwrap_dead_wrappers as _unwrap
 
     _base_apply: Any = torch._C._FunctionBase.__dict__["apply"]
+    _any_autocast: Any = torch._C._is_any_autocast_enabled
 except (ImportError, AttributeError, KeyError):
     _base_apply = None
 _JVP = "s2sgrad jvp"  # the ctx attribute of forward mode, no name of the user's
-#: The device types whose autocast state an op records and restores for backward.
-_AUTOCAST_DEVICES = tuple(
-    device
-    for device in ("cpu", "cuda", "xpu", "mps")
-    if torch.amp.is_autocast_available(device)
-)
 #: Set while torch.func or forward mode differentiates the op: its Function's forward
 #: sees the inputs without their `requires_grad`, so `_requires_grad` answers for them.
 _differentiating = contextvars.ContextVar("s2sgrad differentiating", default=False)
@@ -196,7 +192,7 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
             _refuse_nesting(function)
         dual = getattr(forward_ad, "_current_level", 0) >= 0
         if not transforms and not dual:
-            if not _autocast_state():
+            if not _any_autocast():
                 return _base_apply.__get__(None, function)(*_unwrap(args))
             return _with_jvp(function).apply(*args)  # backward as forward ran
         token = _differentiating.set(True)
@@ -308,11 +304,19 @@ def _layout(inputs: Context, output: Any) -> tuple[Any, ...]:
     return shapes, outputs, isinstance(output, tuple), _autocast_state()
 
 
+@functools.cache
+def _autocast_devices() -> tuple[str, ...]:
+    """The device types whose autocast state an op records and restores."""
+    return tuple(
+        d for d in ("cpu", "cuda", "xpu", "mps") if torch.amp.is_autocast_available(d)
+    )
+
+
 def _autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
     """The device types autocast is on for here, each with its dtype."""
     return tuple(
         (device, torch.get_autocast_dtype(device))
-        for device in _AUTOCAST_DEVICES
+        for device in _autocast_devices()
         if torch.is_autocast_enabled(device)
     )
 
@@ -323,7 +327,7 @@ def _autocast_as(state: tuple[tuple[str, torch.dtype], ...]) -> Any:
     ran, as `torch.amp.custom_bwd` makes a hand-written Function's)."""
     stack = contextlib.ExitStack()
     on = dict(state)
-    for device in _AUTOCAST_DEVICES:
+    for device in _autocast_devices():
         if device in on:
             stack.enter_context(torch.autocast(device, dtype=on[device]))
         elif torch.is_autocast_enabled(device):
@@ -532,10 +536,15 @@ class _Refuse(torch.autograd.Function):
 # eagerly, so every order stays right.
 
 
-def _compiled(function: Any, differentiable: bool = False) -> Any:
+def _compiled(function: Any, differentiable: bool = False, strict: bool = False) -> Any:
     """`function` compiled by inductor, whole graph, where compiled code can run; a
-    `differentiable` one (f_backward) also when differentiated, through `_Twice`."""
+    `differentiable` one (f_backward) also when differentiated, through `_Twice`.
+    Where torch.compile fails, `function` runs eagerly from then on (the same numbers)
+    after one warning that names the cause; `strict` (compile = "strict") raises."""
     compiled = torch.compile(function, fullgraph=True)
+    # Under autograd (_Twice) a copy of the code, whose graphs torch caches apart:
+    # calls that differ in grad mode then recompile nothing and count toward no limit.
+    with_grad = torch.compile(_copy(function), fullgraph=True)
     eager = False
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -545,11 +554,12 @@ def _compiled(function: Any, differentiable: bool = False) -> Any:
             return function(*args, **kwargs)
 
         def call() -> Any:
-            if not grad:
-                return compiled(*args, **kwargs)  # type: ignore[no-untyped-call]
             tensors: list[Tensor] = []
             template = _flatten((args, kwargs), tensors)
-            found = _Twice.apply(function, compiled, template, *tensors)  # type: ignore[no-untyped-call]
+            if not grad:  # detached: which inputs require grad makes no new graph
+                plain, named = _rebuild(template, (t.detach() for t in tensors))
+                return compiled(*plain, **named)  # type: ignore[no-untyped-call]
+            found = _Twice.apply(function, with_grad, template, *tensors)  # type: ignore[no-untyped-call]
             return _rebuild(found[-1], iter(found[:-1]))
 
         try:
@@ -566,16 +576,29 @@ def _compiled(function: Any, differentiable: bool = False) -> Any:
             ):
                 raise
             result = function(*args, **kwargs)  # the user's own error raises here
-            if type(error).__name__ != "FailOnRecompileLimitHit":
+            if type(error).__name__ == "FailOnRecompileLimitHit":
+                warnings.warn(
+                    f"`{function.__name__}`: too many shapes; eager from here on",
+                    stacklevel=2,
+                )
+            elif strict:
                 raise _compile_failed(function, error) from error
-            warnings.warn(
-                f"`{function.__name__}`: too many shapes; eager from here on",
-                stacklevel=2,
-            )
+            else:
+                warnings.warn(_eager_from_here(function, error), stacklevel=2)
             eager = True
             return result
 
     return run
+
+
+def _copy(function: Any) -> Any:
+    """`function` with its own code object (torch.compile caches graphs by code)."""
+    code = function.__code__.replace(co_name=f"{function.__name__}_with_grad")
+    copy = types.FunctionType(
+        code, function.__globals__, code.co_name, function.__defaults__
+    )
+    copy.__kwdefaults__ = function.__kwdefaults__
+    return copy
 
 
 def _recompiles() -> Any:
@@ -675,6 +698,16 @@ def _eager_here() -> bool:
         or _base_apply is None
         or _transforms_active()
         or getattr(forward_ad, "_current_level", 0) >= 0
+    )
+
+
+def _eager_from_here(function: Any, error: Exception) -> str:
+    return (
+        f"`{function.__name__}` runs compiled (s2sgrad compile=true), but torch.compile "
+        f"failed here: {str(error).strip().splitlines()[0]}. It runs eagerly from here "
+        "on, with the same numbers. To not compile it, convert without --compile, set "
+        "`compile = false` in [tool.s2sgrad] or put `# s2sgrad: compile=false` in the "
+        'differentiator; `compile = "strict"` makes this an error'
     )
 
 

@@ -138,6 +138,7 @@ def test_unknown_key_suggests_the_spelling_it_resembles(tmp_path, monkeypatch):
             "'output-dir' must be a string (a directory), got an array",
         ),
         ("standalone = 1", "'standalone' must be true or false, got an integer: 1"),
+        ('compile = "fast"', "'compile' must be true, false or \"strict\", got 'fast'"),
     ],
 )
 def test_wrong_type_or_value_names_the_file_and_the_key(
@@ -227,3 +228,25 @@ def test_standalone_flag_and_key_reach_the_header(tmp_path, table, flags, standa
     digest = options_digest(tmp_path / "src" / "pkg" / "ops_grad.py")
     assert digest == Options(standalone=standalone).key()
     assert Options(standalone=True).key() != Options().key()
+
+
+@pytest.mark.parametrize(
+    "table, flags, mode",
+    [
+        ("", ["--compile"], True),
+        ("", ["--compile-strict"], "strict"),
+        ('[tool.s2sgrad]\ncompile = "strict"\n', [], "strict"),
+        ('[tool.s2sgrad]\ncompile = "strict"\n', ["--no-compile"], False),
+    ],
+)
+def test_compile_strict_flag_and_key_reach_the_generated_code(tmp_path, table, flags, mode):
+    """`compile = "strict"` (or `--compile strict`) keeps the error where torch.compile
+    fails, which `compile = true` turns into eager calls after one warning."""
+    write_project(tmp_path, table)
+    run = s2sgrad("convert", "src/pkg/ops.py", *flags, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    output = tmp_path / "src" / "pkg" / "ops_grad.py"
+    assert options_digest(output) == Options(compile=mode).key()
+    text = output.read_text()
+    assert ("strict=True" in text) == (mode == "strict")
+    assert ("_compiled(" in text) == bool(mode)

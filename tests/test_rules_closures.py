@@ -24,9 +24,8 @@ import torch
 from oracle import assert_same, closure_op, derivatives
 from oracle import leaves as fresh_leaves
 
-from s2sgrad import opfacts
+from s2sgrad import opfacts, runtime
 from s2sgrad.autodiff import rules
-from s2sgrad import runtime
 from s2sgrad.autodiff.rules import RULES, VARARGS
 
 RTOL, ATOL = 1e-7, 1e-9

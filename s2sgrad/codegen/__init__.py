@@ -26,7 +26,7 @@ from s2sgrad.frontend.model import Differentiator, ParsedModule
 from s2sgrad.header import FORMAT_VERSION, Origin, header
 from s2sgrad.lines import split_lines
 from s2sgrad.names import Names
-from s2sgrad.options import Options
+from s2sgrad.options import Compile, Options
 from s2sgrad.values import SETITEM_NAME
 
 
@@ -88,31 +88,35 @@ def _literal(value: cst.BaseExpression) -> bool:
     )
 
 
-def _compiles(item: Differentiated, options: Options) -> bool:
-    """Whether the differentiator runs compiled: its pragma, else the option."""
+def _compiles(item: Differentiated, options: Options) -> Compile:
+    """Whether the differentiator runs compiled (and strictly): its pragma, else the
+    option."""
     pragma = item.source.pragmas.get("compile")
-    return options.compile if pragma is None else pragma == "true"
+    if pragma is None:
+        return options.compile
+    return "strict" if pragma == "strict" else pragma == "true"
 
 
 def _names_read(code: str) -> set[str]:
-    """Every name `code` reads, in string annotations too. Read with `ast`: a libcst
-    visit of the whole generated module would cost more than generating it."""
-    tree = ast.parse(code)
-    return {
-        n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
-    } | _read_in_string_annotations(tree)
-
-
-def _read_in_string_annotations(tree: ast.Module) -> set[str]:
-    """The names that annotations written as strings read (`xs: "List[Tensor]"`)."""
+    """Every name `code` reads, in string annotations too. Read with `ast` (a libcst
+    visit of the whole generated module would cost more than generating it), in one
+    walk of the tree: it is as large as the module."""
+    names: set[str] = set()
     annotations: list[ast.expr | None] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.arg):
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
             annotations.append(node.annotation)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             annotations.append(node.returns)
         elif isinstance(node, ast.AnnAssign):
             annotations.append(node.annotation)
+    return names | _read_in_string_annotations(annotations)
+
+
+def _read_in_string_annotations(annotations: list[ast.expr | None]) -> set[str]:
+    """The names that annotations written as strings read (`xs: "List[Tensor]"`)."""
     found: set[str] = set()
     for annotation in annotations:
         if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
@@ -236,6 +240,13 @@ _IMPORTED = {
 
 def _check_collisions(parsed: ParsedModule, records: list[Differentiated]) -> None:
     runtime_names = runtime().names | {"_serves"}
+    # A name the source imports from the runtime itself is the same object.
+    runtime_names -= {
+        name
+        for name, spec in parsed.globals.items()
+        if spec.import_code is not None
+        and spec.import_code.startswith("from s2sgrad.runtime import ")
+    }
     generated = dict.fromkeys(sorted(runtime_names), "its own use")
     for name, statement in _IMPORTED.items():
         spec = parsed.globals.get(name)

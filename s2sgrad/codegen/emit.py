@@ -19,6 +19,7 @@ from s2sgrad.codegen.function import function_class, op_def
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
 from s2sgrad.cst import as_statement
 from s2sgrad.names import NameAllocator, Names
+from s2sgrad.options import Compile
 
 #: The runtime's reading of a parameter's `.requires_grad` in forward.
 REQUIRES_GRAD = "_requires_grad"
@@ -50,7 +51,7 @@ def emit(
     siblings: Collection[str] = (),
     module_names: Collection[str] = (),
     line_length: int = 88,
-    compiled: bool = False,
+    compiled: Compile = False,
     literals: frozenset[str] = frozenset(),
 ) -> list[cst.BaseStatement]:
     """Emit the definitions of one differentiator.
@@ -73,6 +74,7 @@ def emit(
         definitions = [as_statement(d.visit(rename)) for d in definitions]
     pair = (names.forward, names.backward)
     if compiled:
+        strict = ", strict=True" if compiled == "strict" else ""
         # The Function calls the pair through compiled wrappers (the runtime's
         # `_compiled`), whose names never start with `__`.
         alias = NameAllocator(module_names)
@@ -82,7 +84,7 @@ def emit(
         )
         definitions += [
             cst.parse_statement(
-                f"{pair[0]} = _compiled({names.forward})\n"
+                f"{pair[0]} = _compiled({names.forward}{strict})\n"
             ).with_changes(
                 leading_lines=[
                     cst.EmptyLine(),
@@ -95,7 +97,7 @@ def emit(
                 ]
             ),
             cst.parse_statement(
-                f"{pair[1]} = _compiled({names.backward}, differentiable=True)\n"
+                f"{pair[1]} = _compiled({names.backward}, differentiable=True{strict})\n"
             ),
         ]
     elif names.forward.startswith("__"):
@@ -123,7 +125,7 @@ def emit(
         function_class(
             record, names, body.needs, pair, body.handles_none, literals, line_length
         ),
-        op_def(record, names, path),
+        op_def(record, names, path, literals),
     ]
 
 

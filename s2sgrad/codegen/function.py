@@ -764,9 +764,15 @@ def function_class(
     return statement.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
 
 
-def op_def(record: Differentiated, names: Names, path: str) -> cst.FunctionDef:
-    """The op `f`: the source signature, calling the Function."""
-    writer = FunctionWriter(record, names)
+def op_def(
+    record: Differentiated,
+    names: Names,
+    path: str,
+    literals: frozenset[str] = frozenset(),
+) -> cst.FunctionDef:
+    """The op `f`: the source signature, calling the Function (which returns what
+    `function_class`'s writer, given the same `literals`, makes it return)."""
+    writer = FunctionWriter(record, names, literals=literals)
     doc = cst.SimpleStatementLine(
         [cst.Expr(cst.SimpleString(docs.docstring(docs.op_doc(record, path), "    ")))]
     )

@@ -64,8 +64,13 @@ def replay(
         return None
     params = {p.name: p for p in record.source.params}
     free = _free_reads(statements) - set(dir(builtins)) - {"math"} - literals
-    if bound_names(statements) & (taken | set(params)):
+    bound = bound_names(statements)
+    if bound & (taken | set(params)):
         return None
+    for name in bound:  # every value the slice computes is plain too
+        value = values.get(name)
+        if value is None or value.kinds & {TENSOR, SEQ}:
+            return None
     for name in free:
         param = params.get(name)
         if param is None:
@@ -90,6 +95,10 @@ def _slice(
     for statement in reversed(statements):
         bound = bound_names([statement])
         if not bound & needed:
+            if _reads(statement) & needed and (
+                not m.matches(statement, _PLAIN) or _calls_a_method_of(statement, needed)
+            ):
+                return None  # it may change a value the slice reads (`xs.append`)
             continue
         if isinstance(statement, cst.If):
             sliced = _slice_if(statement, needed)
@@ -120,6 +129,17 @@ def _slice_if(statement: cst.If, needed: set[str]) -> cst.If | None:
     block = cst.IndentedBlock(body or [cst.SimpleStatementLine([cst.Pass()])])
     new_else = cst.Else(cst.IndentedBlock(other)) if other else None
     return statement.with_changes(body=block, orelse=new_else)
+
+
+def _calls_a_method_of(statement: cst.BaseStatement, names: set[str]) -> bool:
+    """Whether `statement` calls a method of one of `names` (which may change it)."""
+    return any(
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and isinstance(call.func.value, cst.Name)
+        and call.func.value.value in names
+        for call in m.findall(statement, m.Call())
+    )
 
 
 def _reads(node: cst.CSTNode) -> set[str]:
