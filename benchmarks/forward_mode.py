@@ -22,25 +22,17 @@ from __future__ import annotations
 import importlib
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.utils.benchmark as benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import cases  # noqa: E402
-
-
-def _time(fn: Any, min_run_time: float) -> float:
-    timer = benchmark.Timer(
-        "fn()", globals={"fn": fn}, num_threads=1, timer=time.thread_time
-    )
-    return timer.blocked_autorange(min_run_time=min_run_time).median
+from benchmarks.per_call import _time  # noqa: E402
 
 
 def _split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[int], Any]:

@@ -34,6 +34,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from hypothesis import HealthCheck, given, note, reject, settings
 from hypothesis.errors import InvalidArgument
+from oracle import gradients
 from strategies import Param, Program, broadcast, programs
 
 from s2sgrad import transform
@@ -213,17 +214,6 @@ def split_result(returned: Any) -> tuple[Any, Any]:
     return (outs[0] if len(outs) == 1 else tuple(outs)), backward
 
 
-def _grad(loss: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """d loss / d tensors, differentiable again; zeros where it does not depend on one."""
-    if not (isinstance(loss, torch.Tensor) and loss.requires_grad):
-        return [torch.zeros_like(t) for t in tensors]
-    return list(
-        torch.autograd.grad(
-            loss, tensors, create_graph=True, allow_unused=True, materialize_grads=True
-        )
-    )
-
-
 def _weighted(
     values: Sequence[torch.Tensor], program: Program, salt: int
 ) -> torch.Tensor | float:
@@ -251,16 +241,16 @@ def grads(
     if not tensors:
         return [[] for _ in range(orders)], [[] for _ in range(orders - 1)]
     loss = _weighted(loss_pieces(program, outputs), program, salt=1)
-    first = _grad(loss, tensors)
+    first = gradients(loss, tensors)
     pure, current = [first], first
     for order in range(2, orders + 1):
-        current = _grad(_weighted(current, program, salt=order), tensors)
+        current = gradients(_weighted(current, program, salt=order), tensors)
         pure.append(current)
     mixed: list[list[torch.Tensor]] = []
     current = first
     for order in range(2, orders + 1):
         loss = loss + _weighted(current, program, salt=100 + order)
-        current = _grad(loss, tensors)
+        current = gradients(loss, tensors)
         mixed.append(current)
     return pure, mixed
 
