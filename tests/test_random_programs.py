@@ -913,3 +913,28 @@ def f(x: torch.Tensor):
         [T("x", 3)],
         n_outputs=2,
     )
+
+
+def test_regression_a_value_setup_context_computes_reads_a_parameter_it_renames() -> None:
+    """`n3 = len(inputs.shape) + 1` was computed again in setup_context, where the
+    parameter `inputs` is unpacked as `input_inputs` (an output is named `inputs`):
+    UnboundLocalError. A parameter taken under another name keeps the value
+    travelling."""
+    check_regression(
+        """import torch
+
+
+def op(ctx: torch.Tensor, output: torch.Tensor, inputs: torch.Tensor, dim: int):
+    t1 = torch.sum(ctx, dim)
+    n3 = len(inputs.shape) + 1
+    inputs = inputs / n3
+    t5 = t1 * torch.exp(-torch.tanh(inputs))
+    def backward(grad_1):
+        e = torch.exp(-torch.tanh(inputs))
+        g_t1 = (grad_1 * e).sum_to_size(t1.shape)
+        g_in = (-grad_1 * t1 * e * (1.0 - torch.tanh(inputs) ** 2)).sum_to_size(inputs.shape)
+        return g_t1.unsqueeze(dim % ctx.ndim).expand(ctx.shape), None, g_in / n3, None
+    return t5, backward
+""",
+        [T("ctx", 1, 3), T("output", 1, 3), T("inputs", 3, 3), Param("dim", "int", value=0)],
+    )

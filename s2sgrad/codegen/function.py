@@ -162,7 +162,7 @@ class FunctionWriter:
         own = {self.ctx, self.inputs_name, self.output_name, self.rest, self.pieces}
         own |= {o.var for o in self.outputs} | set(self.input_vars.values())
         own |= {s.name for s in record.context} - {s.source for s in record.extras}
-        self.replay = replay(record, own, literals)
+        self.replay = replay(record, own, literals, self.input_vars)
         if self.replay is not None:
             self.extras = [s for s in self.extras if s not in self.replay.entries]
 

@@ -13,7 +13,7 @@ and `math`, so running it again costs nothing and gives the same values.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -42,11 +42,16 @@ class Replay:
 
 
 def replay(
-    record: Differentiated, taken: set[str], literals: frozenset[str] = frozenset()
+    record: Differentiated,
+    taken: set[str],
+    literals: frozenset[str] = frozenset(),
+    unpacked: Mapping[str, str] | None = None,
 ) -> Replay | None:
     """The plain extras `setup_context` can compute from inputs, or None; `taken` are
-    the names `setup_context` binds for itself, which the slice must not rebind, and
-    `literals` the module constants bound to a literal, which it may read."""
+    the names `setup_context` binds for itself, which the slice must not rebind,
+    `literals` the module constants bound to a literal, which it may read, and
+    `unpacked` the name each parameter gets there (the slice reads a parameter only
+    where it keeps its own name)."""
     values = record.lifted.values
     wanted = [
         s
@@ -75,6 +80,8 @@ def replay(
         param = params.get(name)
         if param is None:
             return None  # a temporary, or a module-level name of unknown kind
+        if unpacked is not None and unpacked.get(name) != name:
+            return None  # setup_context takes it under another name
         value = param_value(param)
         if value.tensor_list:
             return None
