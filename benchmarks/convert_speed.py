@@ -13,6 +13,11 @@ Warm is `pipeline.convert` in a process that has converted another module alread
 (what the import hook pays for its second module), black's memo of formatted pieces
 emptied first; the best of the repeats.
 
+`measure_directory` converts a directory of several modules with `-j 1` (in the one
+process) and with `-j 2` (two worker processes), interleaved, and then
+`convert --check` of the directory: `synthetic_modules(n, k)` splits the benchmark
+input into `k` modules, `corpus_modules()` is tests/corpus/ as its separate files.
+
 Run directly for a quick look: `python benchmarks/convert_speed.py [N]`.
 """
 
@@ -119,6 +124,27 @@ def synthetic_module(n: int) -> str:
     return "\n".join(parts)
 
 
+def synthetic_modules(n: int, files: int) -> dict[str, str]:
+    """The `n` differentiators of `synthetic_module(n)` spread over `files` modules
+    (each with its own header), keyed by module name."""
+    modules: dict[str, list[str]] = {}
+    for i in range(n):
+        template = TEMPLATES[i % len(TEMPLATES)]
+        modules.setdefault(f"synthetic_{i % files}", []).append(
+            template.format(i=i, c=round(0.5 + (i % 7) * 0.25, 2))
+        )
+    return {name: "\n".join([HEADER, *parts]) for name, parts in modules.items()}
+
+
+def corpus_modules() -> dict[str, str]:
+    """The modules of tests/corpus/, each as it is, keyed by module name."""
+    return {
+        path.stem: path.read_text()
+        for path in sorted(CORPUS.glob("*.py"))
+        if path.name != "__init__.py"
+    }
+
+
 def _run(cmd: list[str], cwd: Path) -> tuple[float, float]:
     """Wall and CPU (user + system) seconds of running cmd to completion."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -172,7 +198,9 @@ def _warm(source: Path, repeats: int, cwd: Path) -> float:
 
 def measure(n: int = 240, repeats: int = 3, budget_s: float = 120.0) -> dict[str, Any]:
     """Time cold and warm conversions of a synthetic module of `n` differentiators,
-    and of `closure_module()` (under "closures").
+    and of `closure_module()` (under "closures"); then `-j 1` against `-j 2` on the
+    synthetic differentiators spread over 8 modules (4 below 80 differentiators) and
+    on tests/corpus/'s modules (under "directories").
 
     Runs `repeats` conversions, or fewer once they have taken `budget_s` in all.
     """
@@ -183,7 +211,76 @@ def measure(n: int = 240, repeats: int = 3, budget_s: float = 120.0) -> dict[str
     result["closures"] = measure_source(
         closure_module(), "closure_ops", repeats, budget_s
     )
+    files = 8 if n >= 80 else 4
+    result["directories"] = {
+        "synthetic": measure_directory(synthetic_modules(n, files), repeats, budget_s),
+        "corpus": measure_directory(corpus_modules(), repeats, budget_s),
+    }
     return result
+
+
+def measure_directory(
+    modules: dict[str, str],
+    repeats: int = 3,
+    budget_s: float = 120.0,
+    workers: tuple[int, ...] = (1, 2),
+) -> dict[str, Any]:
+    """Convert a directory of `modules` with each `-j` of `workers` in a fresh process
+    (the settings interleaved, `repeats` rounds or fewer once they took `budget_s`),
+    then `convert --check` the directory against the outputs just written."""
+    with tempfile.TemporaryDirectory(prefix="s2sgrad-bench-dir-") as tmp:
+        root = Path(tmp)
+        src = root / "src"
+        src.mkdir()
+        for name, text in modules.items():
+            (src / f"{name}.py").write_text(text)
+        lines = sum(len(text.splitlines()) for text in modules.values())
+        walls: dict[int, list[float]] = {j: [] for j in workers}
+        cpus: dict[int, list[float]] = {j: [] for j in workers}
+        check_times: list[float] = []
+        spent = 0.0
+        for k in range(repeats):
+            for j in workers:
+                out = root / f"out{k}_j{j}"
+                wall, cpu = _run(
+                    [sys.executable, "-m", "s2sgrad", "convert", "-q", str(src)]
+                    + ["-o", str(out), "-j", str(j)],
+                    root,
+                )
+                walls[j].append(wall)
+                cpus[j].append(cpu)
+                spent += wall
+            wall, _ = _run(
+                [sys.executable, "-m", "s2sgrad", "convert", "--check", "-q"]
+                + [str(src), "-o", str(out)],
+                root,
+            )
+            check_times.append(wall)
+            if spent > budget_s:
+                break
+        produced = sorted(out.rglob("*_grad.py"))
+        if len(produced) != len(modules):
+            raise RuntimeError(f"convert wrote {len(produced)} of {len(modules)}")
+        generated_lines = sum(len(p.read_text().splitlines()) for p in produced)
+    per: dict[str, Any] = {}
+    for j in workers:
+        wall = statistics.median(walls[j])
+        per[str(j)] = {
+            "wall_s": wall,
+            "cpu_s": statistics.median(cpus[j]),
+            "lines_per_s": lines / wall,
+        }
+    check = statistics.median(check_times)
+    return {
+        "files": len(modules),
+        "source_lines": lines,
+        "generated_lines": generated_lines,
+        "repeats": len(check_times),
+        "workers": per,
+        "speedup": per[str(workers[0])]["wall_s"] / per[str(workers[-1])]["wall_s"],
+        "check_wall_s": check,
+        "check_lines_per_s": lines / check,
+    }
 
 
 def measure_source(
