@@ -90,6 +90,8 @@ class Saved:
     #: Forward may bind it to an input object itself (`z = x`, `x.to(dtype)`), which
     #: autograd will not take back as an output to save: the Function returns a view.
     may_alias: bool = False
+    #: Bound to None on the paths where the branch that computes it does not run.
+    may_be_none: bool = False
     #: For metadata: `input` or `output` when it is read off a Function input or
     #: output (`setup_context` computes it), None when forward must pass it on.
     on: Kind | None = None

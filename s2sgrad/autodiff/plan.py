@@ -18,7 +18,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.autodiff.program import Assign, Branch, Program, Step, Version, build
+from s2sgrad.autodiff.forward import ForwardLines, with_lines
+from s2sgrad.autodiff.program import Program, Version, build
 from s2sgrad.autodiff.record import Differentiated, Gradients, Recompute
 from s2sgrad.autodiff.registry import builtin_registry
 from s2sgrad.autodiff.shapes import shape_facts
@@ -32,7 +33,6 @@ from s2sgrad.autodiff.vjp import (
     slice_of,
 )
 from s2sgrad.cst import (
-    as_expression,
     as_statement,
     bound,
     code,
@@ -159,10 +159,8 @@ class _Context:
 
     entries: list[Saved]
     versions: dict[str, int] = field(default_factory=dict)
-    #: Snapshots to take in forward: top-level statement index -> (name, expression).
-    snapshots: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
-    #: Names whose augmented assignment must become out-of-place (a snapshot aliases them).
-    aliased: set[str] = field(default_factory=set)
+    #: What forward binds for backward besides the context: snapshots, None defaults.
+    lines: ForwardLines = field(default_factory=ForwardLines)
 
 
 class _Swap(cst.CSTTransformer):
@@ -208,6 +206,8 @@ class Planner:
         self.program: Program = build(self.diff, self.diff.statement_lines, self.facts)
         self.shapes = shape_facts(self.program, self.diff.qualified_names)
         self.at_end = self.program.at_end()
+        self.where_bound = self.program.at_end_where_bound()
+        self.may_end_as = self.program.may_end_as()
         self.by_id = {v.id: v for v in self.program.versions}
         self.backward_locals = _backward_locals(self.diff, self.lifted.backward_body)
         self.rebound = rebound_names(self.diff)
@@ -215,7 +215,13 @@ class Planner:
     def plan(self) -> Differentiated:
         temps = [s for s in self.lifted.context if s.kind == "temporary"]
         if self.policy == "first-order" or not temps:
-            return Differentiated.as_lifted(self.lifted)
+            record = Differentiated.as_lifted(self.lifted)
+            lines = ForwardLines()
+            self._bind_everywhere(record.context, lines)
+            if not lines.defaults:
+                return record
+            forward = with_lines(self.diff.statements, lines, self.program)
+            return replace(record, forward_statements=tuple(forward))
         names = NameAllocator(self.lifted.taken)
         results = list(self.lifted.results)
         attempt = self._all_at_once(temps, names, results)
@@ -291,7 +297,7 @@ class Planner:
             self.program, {self.program.final[t.source].id for t in temps}
         )
         blocks = generator.run(needed)
-        for version in generator.extra:
+        for version in generator.extra + generator.condition_versions:
             self.by_id[version.id] = version
             self.at_end.add(version.id)
         return _Attempt(generator, needed, blocks)
@@ -305,11 +311,14 @@ class Planner:
     def _check_reads(self, attempt: _Attempt) -> None:
         for version_id, metadata in self._reads(attempt):
             version = self.by_id[version_id]
-            if version.id not in self.at_end and version.in_branch:
+            if metadata is not None and version.id in self.program.partial:
+                # Read off None where no branch bound it: no point of forward has
+                # the value on every path that reads it.
+                assert version.after is not None
                 raise NoRule(
-                    0,
-                    f"backward would read `{version.name}` where a branch "
-                    "of forward rebinds it",
+                    self.diff.statement_lines.get(version.after, 0),
+                    f"the generated VJP would read `{version.name}`'s {metadata} "
+                    "after this `if`, which leaves it unbound on some path",
                 )
             value = version.value
             if (
@@ -394,7 +403,17 @@ class Planner:
             key: [(name, node) for name, node in lines if name in kept]
             for key, lines in attempt.generator.hoists.items()
         }
-        forward = _with_snapshots(self.diff.statements, ctx, self.program, hoists)
+        ctx.lines.hoists = hoists
+        for version in attempt.generator.condition_versions:
+            if version.name in used and version.in_branch:
+                ctx.lines.default(version.top, version.name)
+        ctx.lines.conditions = {
+            key: named
+            for key, named in attempt.generator.conditions.items()
+            if named[0] in used
+        }
+        self._bind_everywhere(entries, ctx.lines)
+        forward = with_lines(self.diff.statements, ctx.lines, self.program)
         return Differentiated(
             self.lifted,
             context=in_context_order(entries),
@@ -404,6 +423,16 @@ class Planner:
             first_order=False,
             taken=frozenset(names.taken),
         )
+
+    def _bind_everywhere(self, entries: Sequence[Saved], lines: ForwardLines) -> None:
+        """Bind to None first the names the context reads at the end of forward that
+        some path leaves unbound (`mask`, bound under `if causal:` only): backward
+        reads them only where that branch ran, but forward hands over the context on
+        every path."""
+        for saved in entries:
+            final = self.program.final.get(saved.expression)
+            if saved.kind != "metadata" and final and final.id in self.program.partial:
+                lines.default(final.top, final.name)
 
     def _metadata_off_saved(self, ctx: _Context) -> cst.BaseSuite:
         """The closure's body, with the metadata it reads (`x.shape`, kept as `x_shape`)
@@ -448,33 +477,12 @@ class Planner:
                 del kinds[version_id]
         for version_id, wanted in kinds.items():
             version = self.by_id[version_id]
-            source = version.name
+            later = None
             if version_id not in self.at_end:
-                source = names.fresh(
-                    f"{version.name}_{_ordinal(self.program, version)}"
-                )
-                if None not in wanted:
-                    for kind in sorted(k for k in wanted if k is not None):
-                        snap = names.fresh(f"{source}_{kind}")
-                        ctx.snapshots.setdefault(version.top, []).append(
-                            (snap, METADATA_CODE[kind].format(version.name))
-                        )
-                        ctx.entries.append(
-                            Saved(
-                                snap,
-                                version.name,
-                                "metadata",
-                                snap,
-                                "object",
-                                False,
-                                None,
-                                0,
-                            )
-                        )
-                        metadata[(version_id, kind)] = snap
+                later = self._read_later(version, wanted, ctx, names, metadata)
+                if later is None:
                     continue
-                ctx.snapshots.setdefault(version.top, []).append((source, version.name))
-                ctx.aliased.add(version.name)
+            source = later or version.name
             if None in wanted:
                 values[version_id] = self._value_entry(version, source, ctx, names)
             for kind in sorted(k for k in wanted if k is not None):
@@ -482,6 +490,61 @@ class Planner:
                     source, kind, ctx, names
                 )
         return values, metadata
+
+    def _read_later(
+        self,
+        version: Version,
+        wanted: set[str | None],
+        ctx: _Context,
+        names: NameAllocator,
+        metadata: dict[tuple[int, str], str],
+    ) -> str | None:
+        """Make forward keep a version that the name does not hold on every path when
+        forward ends; return the name backward reads its value by, or None when it
+        reads only metadata (snapshotted into `metadata`).
+
+        The VJP code reads a version only where the statement that made it ran: under
+        the same tests, when it comes from a branch. So a version the name holds at
+        the end on the paths through that branch is read by name, the name bound to
+        None before the `if` for the other paths; any other version is snapshotted
+        right after the statement that makes it, inside its branch, the snapshot bound
+        to None before the `if`. Metadata of a version from a branch is snapshotted
+        there too: read at the end of forward, it would be read off None.
+        """
+        if version.id in self.program.partial:
+            # A merge that some path leaves unbound: bound to None first.
+            ctx.lines.default(version.top, version.name)
+        by_name = version.id in self.where_bound
+        if by_name:
+            ctx.lines.default(self.program.final[version.name].top, version.name)
+            source = version.name
+        else:
+            source = names.fresh(f"{version.name}_{_ordinal(self.program, version)}")
+        kinds = sorted(k for k in wanted if k is not None)
+        if None in wanted and not version.in_branch:
+            kinds = []  # read off the snapshot, as any saved tensor's metadata
+        for kind in kinds:
+            snap = names.fresh(f"{source}_{kind}")
+            self._snapshot(version, snap, METADATA_CODE[kind].format(version.name), ctx)
+            ctx.entries.append(
+                Saved(snap, version.name, "metadata", snap, "object", False, None, 0)
+            )
+            metadata[(version.id, kind)] = snap
+        wanted.difference_update(kinds)
+        if None not in wanted:
+            return None
+        if by_name:
+            return version.name
+        self._snapshot(version, source, version.name, ctx)
+        ctx.lines.aliased.add(version.name)
+        return source
+
+    def _snapshot(self, version: Version, name: str, code: str, ctx: _Context) -> None:
+        """Bind `name = code` in forward right after `version` is made; to None first
+        where that is inside a branch, for the paths that do not run it."""
+        ctx.lines.snapshot(version.after, name, code)
+        if version.in_branch:
+            ctx.lines.default(version.top, name)
 
     def _same_shape(
         self,
@@ -529,8 +592,12 @@ class Planner:
             version.is_param
             or source in params
             or (final and source in self.lifted.aliases)
+            or (version.id in self.may_end_as and version.id not in self.where_bound)
         )
-        return classify(self.diff, name, source, version.value, where, 0, alias)
+        saved = classify(self.diff, name, source, version.value, where, 0, alias)
+        if version.in_branch and not final:
+            saved = replace(saved, may_be_none=True)
+        return saved
 
     def _meta_entry(
         self, source: str, kind: str, ctx: _Context, names: NameAllocator
@@ -579,7 +646,7 @@ class Planner:
             if param in self.rebound:
                 # Forward rebinds it: keep the argument's own object, taken at the start.
                 first = names.fresh(f"{param}_0")
-                ctx.snapshots.setdefault(-1, []).append((first, param))
+                ctx.lines.snapshot(None, first, param)
                 index = [p.name for p in self.diff.params].index(param)
                 ctx.entries.append(
                     classify(
@@ -620,13 +687,15 @@ class Planner:
         recompute: list[tuple[Saved, str]],
     ) -> None:
         """Reject a recomputation that would replay a random draw (S2S121)."""
-        lines = [
-            line
+        # Lines, and the tests of `if`s: a replayed test that draws could take the
+        # other branch.
+        parts = [
+            (part, part.test if isinstance(part, cst.If) else part)
             for statement in statements
-            for line in findall(statement, m.SimpleStatementLine())
+            for part in findall(statement, m.SimpleStatementLine() | m.If())
         ]
-        for statement in lines:
-            for call in findall(statement, m.Call()):
+        for statement, searched in parts:
+            for call in findall(searched, m.Call()):
                 assert isinstance(call, cst.Call)
                 name = self._random_call(call, self.diff.qualified_names)
                 if name is None:
@@ -709,92 +778,8 @@ def _ordinal(program: Program, version: Version) -> int:
     return [v for v in program.versions if v.name == version.name].index(version)
 
 
-def _with_snapshots(
-    statements: Sequence[cst.BaseStatement],
-    ctx: _Context,
-    program: Program,
-    hoists: dict[int, list[tuple[str, cst.BaseExpression]]],
-) -> list[cst.BaseStatement]:
-    """Insert the lines the VJP reads: hoisted sub-expressions and snapshots."""
-    names = {id(node): name for lines in hoists.values() for name, node in lines}
-    replace_hoisted = _ReplaceById(names)
-
-    def lines(index: int) -> list[cst.BaseStatement]:
-        return [
-            cst.parse_statement(f"{name} = {code}  # read by the generated VJP\n")
-            for name, code in ctx.snapshots.get(index, [])
-        ]
-
-    out = lines(-1)
-    for index, statement in enumerate(statements):
-        for name, node in reversed(hoists.get(id(statement), [])):
-            value = node.with_changes(lpar=[], rpar=[]).visit(
-                replace_hoisted.inner(node)
-            )
-            out.append(
-                cst.SimpleStatementLine(
-                    [
-                        cst.Assign(
-                            [cst.AssignTarget(cst.Name(name))], as_expression(value)
-                        )
-                    ]
-                )
-            )
-        # Out of place first: it finds the statement by identity, which visiting loses.
-        statement = _out_of_place(statement, ctx.aliased, program)
-        out.append(as_statement(statement.visit(replace_hoisted)))
-        out += lines(index)
-    return out
-
-
-class _ReplaceById(cst.CSTTransformer):
-    """Replace hoisted sub-expressions (by identity) with the names that hold them."""
-
-    def __init__(self, names: dict[int, str], skip: cst.CSTNode | None = None) -> None:
-        self.names = names
-        self.skip = skip
-
-    def inner(self, node: cst.CSTNode) -> _ReplaceById:
-        return _ReplaceById(self.names, skip=node)
-
-    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> cst.CSTNode:  # type: ignore[override]
-        name = self.names.get(id(original_node))
-        if name is not None and original_node is not self.skip:
-            return cst.Name(name)
-        return updated_node
-
-
-def _out_of_place(
-    statement: cst.BaseStatement, aliased: set[str], program: Program
-) -> cst.BaseStatement:
-    """Rewrite `t += x` as `t = t + x` where a snapshot aliases `t`'s earlier value."""
-    if not isinstance(statement, cst.SimpleStatementLine):
-        return statement
-    steps = {id(s.statement): s for s in _assigns(program.steps) if s.augmented}
-    step = steps.get(id(statement))
-    if step is None or step.target.name not in aliased:
-        return statement
-    body: list[cst.BaseSmallStatement] = []
-    for small in statement.body:
-        if isinstance(small, cst.AugAssign):
-            body.append(cst.Assign([cst.AssignTarget(small.target)], step.value))
-        else:
-            body.append(small)
-    return statement.with_changes(body=body)
-
-
 def _add_into(total: str, grad: str) -> cst.BaseStatement:
     return cst.parse_statement(f"{total} = {ACCUMULATE}({total}, {grad})\n")
-
-
-def _assigns(steps: Sequence[Step]) -> list[Assign]:
-    found: list[Assign] = []
-    for step in steps:
-        if isinstance(step, Assign):
-            found.append(step)
-        elif isinstance(step, Branch):
-            found += _assigns(step.body) + _assigns(step.orelse)
-    return found
 
 
 def _names_read(node: cst.CSTNode) -> set[str]:

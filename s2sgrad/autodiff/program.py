@@ -10,7 +10,7 @@ gradient flowing into the merge reaches whichever branch ran.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -20,8 +20,8 @@ from s2sgrad.cst import bound, bound_target, statements
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.values import (
     AUG_TO_BINARY,
+    BOTTOM,
     OBJECT,
-    UNKNOWN,
     Evaluator,
     ModuleFacts,
     Value,
@@ -42,6 +42,11 @@ class Version:
     is_param: bool = False
     #: The name still holds this version when forward ends.
     final: bool = False
+    #: The statement right after which the name holds this version, as a node of
+    #: forward's source: a small statement (`t = x * y` of `t = x * y; u = t.exp()`),
+    #: a compound one (a loop, or the `if` a merge version comes from); None for
+    #: parameters. Snapshots and hoisted sub-expressions are placed by it.
+    after: cst.CSTNode | None = None
 
 
 @dataclass(eq=False)
@@ -66,6 +71,10 @@ class Branch:
     merges: list[tuple[Version, Version | None, Version | None]] = field(
         default_factory=list
     )
+    #: Index of the top-level statement it belongs to, and whether it sits inside a
+    #: branch of another `if` (an `elif` does).
+    top: int = -1
+    in_branch: bool = False
 
 
 @dataclass(eq=False)
@@ -90,6 +99,9 @@ class Program:
     sides: dict[int, list[Version]] = field(default_factory=dict)
     #: Merge versions of names that some path through the branch leaves unbound.
     partial: set[int] = field(default_factory=set)
+    #: For each merge version (by id): the version from before the `if` that a side
+    #: which does not rebind the name hands on, the very object.
+    kept: dict[int, Version] = field(default_factory=dict)
     #: How many versions reverse mode has added (ids after the program's own).
     added: int = 0
 
@@ -101,7 +113,35 @@ class Program:
     def at_end(self) -> set[int]:
         """Versions a backward block can read by name: the name holds them when forward
         ends, on every path that reaches the block reading them."""
-        found = {v.id for v in self.final.values() if v.id not in self.partial}
+        return self._sides_of(
+            v.id for v in self.final.values() if v.id not in self.partial
+        )
+
+    def at_end_where_bound(self) -> set[int]:
+        """Versions the name holds when forward ends, on the paths that bind it: those
+        of `at_end`, and those of a name that some path leaves unbound (`mask`, bound
+        under `if causal:` only). Backward reads the latter under the same test, once
+        forward binds the name to None on the other paths."""
+        return self._sides_of(v.id for v in self.final.values())
+
+    def may_end_as(self) -> set[int]:
+        """Versions whose object the name may hold when forward ends, on some path:
+        those of `at_end_where_bound`, and any a merge among them hands on from
+        before its `if` (`h` before `if c: h = h * 2`, where `c` is False). A snapshot
+        of one is then the very tensor of another output."""
+        found = self.at_end_where_bound()
+        todo = list(found)
+        while todo:
+            current = todo.pop()
+            for version in [*self.sides.get(current, []), self.kept.get(current)]:
+                if version is not None and version.id not in found:
+                    found.add(version.id)
+                    todo.append(version.id)
+        return found
+
+    def _sides_of(self, finals: Iterable[int]) -> set[int]:
+        """`finals`, and every version a merge among them takes from a branch."""
+        found = set(finals)
         todo = list(found)
         while todo:
             for side in self.sides.get(todo.pop(), []):
@@ -125,6 +165,7 @@ class _Builder:
         self.versions: list[Version] = []
         self.sides: dict[int, list[Version]] = {}
         self.partial: set[int] = set()
+        self.kept: dict[int, Version] = {}
 
     def new(self, name: str, value: Value, top: int, in_branch: bool) -> Version:
         version = Version(name, len(self.versions), value, top, in_branch)
@@ -168,29 +209,41 @@ class _Builder:
         if isinstance(node, cst.SimpleStatementLine):
             steps: list[Step] = []
             for small in node.body:
+                start = len(self.versions)
                 steps += self.small(small, node, env, top, in_branch, line)
+                for version in self.versions[start:]:
+                    version.after = small
             return steps
         if isinstance(node, cst.If):
-            return [self.branch(node, env, top, line)]
+            return [self.branch(node, env, top, in_branch, line)]
         after = self.after(node, env)
         created = [
             self.new(n, after.get(n, unknown(True)), top, in_branch)
             for n in sorted(writes(node) & (set(env) | bound(node)))
         ]
+        for version in created:
+            version.after = node
         env.update({v.name: v for v in created})
         kind = type(node).__name__
         return [Opaque(created, line, f"a `{kind}` statement")]
 
     def branch(
-        self, node: cst.If, env: dict[str, Version], top: int, line: int
+        self,
+        node: cst.If,
+        env: dict[str, Version],
+        top: int,
+        in_branch: bool,
+        line: int,
     ) -> Branch:
+        """The steps of an `if`; its merge versions are inside a branch where the `if`
+        itself is (a nested `if`), and the name holds them right after the `if`."""
         before = dict(env)
         body_env = dict(env)
         body = self.block(statements(node.body), body_env, top)
         else_env = dict(env)
         orelse: list[Step] = []
         if isinstance(node.orelse, cst.If):
-            orelse = [self.branch(node.orelse, else_env, top, line)]
+            orelse = [self.branch(node.orelse, else_env, top, True, line)]
         elif isinstance(node.orelse, cst.Else):
             orelse = self.block(statements(node.orelse.body), else_env, top)
         merges = []
@@ -199,16 +252,21 @@ class _Builder:
             if a is b and a is not None:
                 env[name] = a
                 continue
-            value = (a.value if a else UNKNOWN).join(b.value if b else UNKNOWN)
-            merged = self.new(name, value, top, False)
+            # A side that leaves the name unbound adds no value: a read of the name
+            # after the `if` runs only where it is bound (as `values.py` joins them).
+            value = (a.value if a else BOTTOM).join(b.value if b else BOTTOM)
+            merged = self.new(name, value, top, in_branch)
+            merged.after = node
             merges.append((merged, a, b))
             if a is None or b is None:
                 self.partial.add(merged.id)
             for side in (a, b):
                 if side is not None and side is not before.get(name):
                     self.sides.setdefault(merged.id, []).append(side)
+                elif side is not None:
+                    self.kept[merged.id] = side
             env[name] = merged
-        return Branch(node.test, body, orelse, before, line, merges)
+        return Branch(node.test, body, orelse, before, line, merges, top, in_branch)
 
     def small(
         self,
@@ -344,5 +402,11 @@ def build(
     for version in env.values():
         version.final = True
     return Program(
-        steps, builder.versions, params, dict(env), builder.sides, builder.partial
+        steps,
+        builder.versions,
+        params,
+        dict(env),
+        builder.sides,
+        builder.partial,
+        builder.kept,
     )

@@ -25,6 +25,7 @@ import ast
 import operator
 import warnings
 from collections.abc import Callable, Collection, Sequence
+from functools import partial
 
 import libcst as cst
 import libcst.matchers as m
@@ -260,6 +261,36 @@ def _keep_parens(
     return inner
 
 
+def _each_block(
+    statement: cst.If,
+    rewrite: Callable[[list[cst.BaseStatement]], list[cst.BaseStatement]],
+) -> cst.If:
+    """`statement` with `rewrite` applied to each of its blocks: the body, each
+    `elif`'s and the `else`. Each is straight-line code of its own (the VJP of a
+    branch of forward), run or not as a whole."""
+    orelse = statement.orelse
+    if isinstance(orelse, cst.If):
+        orelse = _each_block(orelse, rewrite)
+    elif isinstance(orelse, cst.Else):
+        orelse = orelse.with_changes(body=_rewritten(orelse.body, rewrite))
+        inner = statements(orelse.body)
+        if len(inner) == 1 and isinstance(inner[0], cst.If):
+            orelse = inner[0]  # `else: if` left alone in its block reads as `elif`
+    return statement.with_changes(
+        body=_rewritten(statement.body, rewrite), orelse=orelse
+    )
+
+
+def _rewritten(
+    suite: cst.BaseSuite,
+    rewrite: Callable[[list[cst.BaseStatement]], list[cst.BaseStatement]],
+) -> cst.BaseSuite:
+    body = rewrite(statements(suite))
+    if isinstance(suite, cst.IndentedBlock):
+        return suite.with_changes(body=body)
+    return cst.IndentedBlock(body)
+
+
 # -- first contributions --------------------------------------------------------------
 
 _ADD = m.SimpleStatementLine(
@@ -301,9 +332,9 @@ def first_contributions(
 ) -> list[cst.BaseStatement]:
     """`acc = _accumulate(acc, e)` is `acc = e` where `acc` is still None there.
 
-    Walks straight-line code in order; inside a block, an accumulator that is None on
-    entry is replaced at its first contribution; after the block it may or may not have
-    been set, so it is no longer known to be None.
+    Walks straight-line code in order; inside a block (each side of an `if`), an
+    accumulator that is None on entry is replaced at its first contribution; after the
+    block it may or may not have been set, so it is no longer known to be None.
     """
     out: list[cst.BaseStatement] = []
     for statement in body:
@@ -315,15 +346,19 @@ def first_contributions(
             out.append(statement.with_changes(body=[assign]))
             none.discard(name)
             continue
-        if isinstance(statement, cst.If) and statement.orelse is None:
-            inner = first_contributions(statements(statement.body), set(none))
-            out.append(
-                statement.with_changes(body=statement.body.with_changes(body=inner))
-            )
+        if isinstance(statement, cst.If):
+            # Each block starts from what is None before the `if`.
+            out.append(_each_block(statement, partial(_first_in_block, none=none)))
         else:
             out.append(statement)
         none -= _assigned(statement)
     return out
+
+
+def _first_in_block(
+    body: list[cst.BaseStatement], none: set[str]
+) -> list[cst.BaseStatement]:
+    return first_contributions(body, set(none))
 
 
 def _assigned(node: cst.CSTNode) -> set[str]:
@@ -367,11 +402,8 @@ def merge_repeats(body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
     out: list[cst.BaseStatement] = []
     code = cst.Module([]).code_for_node
     for statement in body:
-        if isinstance(statement, cst.If) and statement.orelse is None:
-            inner = merge_repeats(statements(statement.body))
-            statement = statement.with_changes(
-                body=statement.body.with_changes(body=inner)
-            )
+        if isinstance(statement, cst.If):
+            statement = _each_block(statement, merge_repeats)
         previous = _contribution(out[-1]) if out else None
         found = _contribution(statement)
         if (
@@ -433,11 +465,8 @@ def _copies(
 ) -> list[cst.BaseStatement]:
     out: list[cst.BaseStatement] = []
     for statement in body:
-        if isinstance(statement, cst.If) and statement.orelse is None:
-            inner = _copies(statements(statement.body), reads)
-            statement = statement.with_changes(
-                body=statement.body.with_changes(body=inner)
-            )
+        if isinstance(statement, cst.If):
+            statement = _each_block(statement, lambda b: _copies(b, reads))
         if (
             out
             and m.matches(statement, _COPY)
@@ -487,10 +516,9 @@ def _propagate(
     k = 0
     while k < len(body):
         statement = body[k]
-        if isinstance(statement, cst.If) and statement.orelse is None:
-            inner = _propagate(statements(statement.body), everywhere, keep)
-            statement = statement.with_changes(
-                body=statement.body.with_changes(body=inner)
+        if isinstance(statement, cst.If):
+            statement = _each_block(
+                statement, lambda b: _propagate(b, everywhere, keep)
             )
         rest = body[k + 1 :]
         if m.matches(statement, _COPY) and rest:

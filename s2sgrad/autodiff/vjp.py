@@ -22,12 +22,17 @@ from s2sgrad.autodiff.inline import inline, parenthesize, rule_reads
 from s2sgrad.autodiff.program import Assign, Branch, Opaque, Program, Step, Version
 from s2sgrad.autodiff.registry import Registry, Rule
 from s2sgrad.autodiff.shapes import ShapeFacts, class_of
-from s2sgrad.cst import NameRewriter, as_expression, dotted, spelled
-from s2sgrad.frontend.model import Differentiator
+from s2sgrad.cst import NameRewriter, as_expression, dotted, nodes, spelled
+from s2sgrad.frontend.model import (
+    METADATA_ATTRIBUTES,
+    METADATA_METHODS,
+    Differentiator,
+)
 from s2sgrad.names import NameAllocator
 from s2sgrad.values import (
     NUMBER,
     OTHER,
+    SCALAR,
     SEQ,
     SETITEM,
     UNKNOWN,
@@ -174,7 +179,7 @@ class Generator:
         self.source = source
         self.needed: set[int] = set()
         #: Sub-expressions the VJP reads, bound to names in forward (by node), and the
-        #: lines that bind them, by the id of the statement they go before.
+        #: lines that bind them, by the id of the (small) statement they go before.
         self.hoisted: dict[cst.CSTNode, Version] = {}
         self.hoists: dict[int, list[tuple[str, cst.BaseExpression]]] = {}
         self.extra: list[Version] = []
@@ -182,6 +187,10 @@ class Generator:
         #: where the plan promotes them.
         self.hoist_accumulators: set[str] = set()
         self.step: Assign | None = None
+        #: Tests of branches named in forward, by the id of the test's node: the name,
+        #: and whether the test may be a tensor (then its truth is taken, `bool(...)`).
+        self.conditions: dict[int, tuple[str, bool]] = {}
+        self.condition_versions: list[Version] = []
         #: The comment over each block, and the `line N: statement` it stands for.
         self.notes: dict[str, str] = {}
 
@@ -208,11 +217,31 @@ class Generator:
         orelse = self._transfers(step, 2) + self.steps(step.orelse)
         if not body and not orelse:
             return []
-        test = step.test.visit(_Placeholders(step.before))
-        assert isinstance(test, cst.BaseExpression)
+        if _replayable(step.test, step.before):
+            test = as_expression(step.test.visit(_Placeholders(step.before)))
+        else:
+            test = placeholder(self._condition(step))
         block = cst.IndentedBlock(body or [cst.SimpleStatementLine([cst.Pass()])])
-        else_ = cst.Else(cst.IndentedBlock(orelse)) if orelse else None
+        else_: cst.If | cst.Else | None = None
+        if len(orelse) == 1 and isinstance(orelse[0], cst.If):
+            else_ = orelse[0]  # the VJP of an `elif` chain reads as one
+        elif orelse:
+            else_ = cst.Else(cst.IndentedBlock(orelse))
         return [cst.If(test=test, body=block, orelse=else_)]
+
+    def _condition(self, step: Branch) -> Version:
+        """Name the test of a branch in forward (`cond = bool(h.sum() > 0)`), for a
+        test that backward could not evaluate again to the same truth cheaply (it
+        calls a function: `torch.rand(()) < p` would draw again) or without keeping
+        a value it would not keep otherwise (`t is None` of a temporary)."""
+        name = self.names.fresh("cond")
+        version = Version(
+            name, self.program.fresh_id(), SCALAR, step.top, step.in_branch, final=True
+        )
+        tensor = self.value(step.test, step.before).tensor is not False
+        self.conditions[id(step.test)] = (name, tensor)
+        self.condition_versions.append(version)
+        return version
 
     def _transfers(self, step: Branch, side: int) -> list[cst.BaseStatement]:
         """Hand the gradient of each merged name to the version this side produced."""
@@ -455,7 +484,7 @@ class Generator:
             found = class_of(arg, env, self.facts, self.diff.qualified_names)
             if found is not None:
                 self.facts.classes[version.id] = found
-        self.hoists.setdefault(id(step.statement), []).append((name, arg))
+        self.hoists.setdefault(id(step.target.after), []).append((name, arg))
 
     def _expensive(self, node: cst.BaseExpression) -> bool:
         """Costly to recompute in backward: not a view and not elementwise (matrix
@@ -653,6 +682,37 @@ def _op_name(node: cst.BaseExpression) -> str:
     if isinstance(node, cst.UnaryOperation):
         return "neg"
     return "value"
+
+
+_METADATA = frozenset(METADATA_ATTRIBUTES) | frozenset(METADATA_METHODS)
+
+
+def _replayable(test: cst.BaseExpression, env: Mapping[str, Version]) -> bool:
+    """Whether backward may evaluate a branch's test again and find the truth forward
+    found, at no cost: it calls nothing but metadata methods, reads nothing but
+    metadata of forward's values, and the other names it reads are parameters or
+    hold no tensor (`causal`, `x.dim() > 2`, `bias is not None`, `mode == "sum"`)."""
+    found = nodes(test)
+    attributes = [n for n in found if isinstance(n, cst.Attribute)]
+    metadata_of = {id(a.value) for a in attributes if a.attr.value in _METADATA}
+    attribute_names = {id(a.attr) for a in attributes}
+    for node in found:
+        if isinstance(node, cst.Call):
+            func = node.func
+            if not (
+                isinstance(func, cst.Attribute) and func.attr.value in METADATA_METHODS
+            ):
+                return False
+        elif isinstance(node, cst.Name) and id(node) not in attribute_names:
+            version = env.get(node.value)
+            if version is None or version.is_param:
+                continue
+            if version.value.holds_tensor and id(node) not in metadata_of:
+                return False
+        elif isinstance(node, cst.Attribute) and node.attr.value not in _METADATA:
+            if isinstance(node.value, cst.Name) and node.value.value in env:
+                return False  # `t.requires_grad`: not forward's truth in backward
+    return True
 
 
 def _returns_sequence(node: cst.BaseExpression, value: Value) -> bool:

@@ -258,7 +258,10 @@ class FunctionWriter:
             self._view(o.var, o.tensor is not True) if o.aliased else o.var
             for o in self.plain_outputs
         ]
-        items += [self._view(s.name) if s.may_alias else s.name for s in self.promoted]
+        items += [
+            self._view(s.name, s.may_be_none) if s.may_alias else s.name
+            for s in self.promoted
+        ]
         if self.extras:
             items.append(_tuple([s.name for s in self.extras]))
         if len(self.listed_outputs) > 1:
