@@ -10,6 +10,7 @@ forward (Python's late binding), and backward's body reads exactly those names.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -187,7 +188,8 @@ def lift(
 def check_outputs(
     diff: Differentiator, evaluator: Evaluator, path: str, lines: Sequence[str]
 ) -> list[Diagnostic]:
-    """Reject an output whose kind cannot be proven (S2S124).
+    """Reject an output whose kind cannot be proven (S2S124), or that cannot take the
+    gradient parameter a shorter backward gives it (S2S107).
 
     The Function must know, when it is generated, whether an output is a tensor (one
     output to autograd) or a list of tensors (flattened into its elements): guessing
@@ -218,7 +220,42 @@ def check_outputs(
                 "(`out: torch.Tensor = ...` or `outs: list[torch.Tensor] = ...`)",
             )
         )
-    return found
+    return found or _check_untaken_outputs(diff, evaluator, path, line, text)
+
+
+def _check_untaken_outputs(
+    diff: Differentiator, evaluator: Evaluator, path: str, line: int, text: str
+) -> list[Diagnostic]:
+    """Where backward takes fewer gradients than forward has outputs (S2S107): they
+    go to the floating-point tensors among the outputs, in order, found at run time.
+    A list of tensors is not one of those, and outputs that are never tensors take
+    none, so there must be at least as many that may be."""
+    n_grads, n_outputs = len(diff.grad_params), len(diff.outputs)
+    if n_grads >= n_outputs:
+        return []
+    name, bname = diff.name, diff.backward.name.value
+    hint = f"give `{bname}` one gradient parameter per output ({n_outputs})"
+    values = [evaluator.expr(node) for node in diff.outputs]
+    for node, value in zip(diff.outputs, values, strict=True):
+        if value.tensor_list:
+            shown = code(node)
+            message = (
+                f"`{bname}` takes fewer gradients than `{name}` has outputs, so they "
+                "go to its floating-point tensor outputs in order, and the list of "
+                f"tensors `{shown}` cannot take one"
+            )
+            return [_located("S2S107", message, path, line, text, shown, hint)]
+    plain = [n for n, v in zip(diff.outputs, values, strict=True) if not v.holds_tensor]
+    tensors = n_outputs - len(plain)
+    if n_grads <= tensors:
+        return []
+    shown = code(plain[0])
+    message = (
+        f"`{bname}` takes {n_grads} gradients, for the floating-point tensors among "
+        f"the outputs of `{name}`, but only {tensors} of its outputs may be a tensor "
+        f"(`{shown}` never is)"
+    )
+    return [_located("S2S107", message, path, line, text, shown, hint)]
 
 
 def _source_line(
@@ -237,8 +274,12 @@ def _located(
     code_: str, message: str, path: str, line: int, text: str, shown: str, hint: str
 ) -> Diagnostic:
     """A diagnostic that points at `shown` on source line `line` (`text`), or at the
-    line's first character where `shown` is not spelled there as printed."""
-    column = text.find(shown) + 1 or len(text) - len(text.lstrip()) + 1
+    line's first character where `shown` is not spelled there as printed. A name is
+    found as a word (`n` in `return (m, n), backward` is not the one in `return`)."""
+    before = r"(?<!\w)" if shown[:1].isidentifier() else ""
+    after = r"(?!\w)" if shown[-1:].isalnum() or shown.endswith("_") else ""
+    found = re.search(before + re.escape(shown) + after, text)
+    column = found.start() + 1 if found else len(text) - len(text.lstrip()) + 1
     return Diagnostic(code_, message, path, line, column, text, hint)
 
 

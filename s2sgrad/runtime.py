@@ -97,6 +97,44 @@ def _reduce(grad: Grad, shape: torch.Size) -> Grad:
     return None if grad is None else grad.sum_to_size(shape)
 
 
+def _floating_likes(*outputs: Any) -> tuple[Any, ...]:
+    """Each output's shape, dtype and device where it is a floating-point (or complex)
+    tensor, None where it is not: the outputs a backward with fewer gradient
+    parameters than outputs takes gradients for."""
+    return tuple(
+        (o.shape, o.dtype, o.device) if _differentiable(o) else None for o in outputs
+    )
+
+
+def _floating_grads(
+    name: str, count: int, likes: tuple[Any, ...], *grads: Grad
+) -> tuple[Tensor, ...]:
+    """The gradients of the floating-point outputs, in order, zeros where none came:
+    what a backward that takes `count` gradients for more outputs gets, as in
+    TorchScript's closures (`topk`'s indices take none). Integer and bool outputs
+    take none; where the count differs, raise rather than hand one to the wrong
+    output."""
+    taken = [i for i, like in enumerate(likes) if like is not None]
+    if len(taken) != count:
+        shown = ", ".join(str(i) for i in taken) or "none"
+        raise RuntimeError(
+            f"`{name}`: its backward takes {count} gradient"
+            f"{'s' if count != 1 else ''}, one per floating-point output in order, "
+            f"but {len(taken)} of its {len(likes)} outputs are floating-point or "
+            f"complex tensors here (outputs: {shown}). Give backward one gradient "
+            "parameter per output, or return only integer or bool tensors beside "
+            "the outputs it takes gradients for"
+        )
+    found = []
+    for i in taken:
+        grad = grads[i]
+        if grad is None:
+            shape, dtype, device = likes[i]
+            grad = torch.zeros(shape, dtype=dtype, device=device)
+        found.append(grad)
+    return tuple(found)
+
+
 def _matmul_grad_x(grad: Tensor, x: Tensor, other: Tensor) -> Tensor:
     """The gradient of `x @ other` for `x` (matmul's derivative rule): 1-D operands, and
     the matching dims of `grad`, promoted to matrices; broadcast batch dims summed."""

@@ -255,6 +255,10 @@ def backward_def(
     #: An output that may not be a tensor (`n = x.shape[0]`) gets no zeros: its
     #: gradient may stay None.
     maybe = {i for i, value in enumerate(record.outputs) if value.tensor is not True}
+    if len(diff.grad_params) < len(record.outputs):
+        # The gradients of the floating-point tensors among the outputs, found at run
+        # time (zeros where none came): a tensor each.
+        listed = maybe = set()
     for i, param in enumerate(diff.backward.params.params):
         kind = f"list[{types.TENSOR}]" if i in listed else grad_type
         if i in maybe - listed:

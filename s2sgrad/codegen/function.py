@@ -16,6 +16,10 @@ Takes a `Differentiated` record; returns the source of `FFunction` (new-style `f
 - A list parameter is flattened into the Function's inputs (its length known at call
   time, as TorchScript flattens `Tensor[]`); a list output is flattened into the
   Function's outputs, and the op rebuilds it.
+- A closure with fewer gradient parameters than outputs (`topk`'s `values, indices`)
+  gets the gradients of the floating-point outputs, in order: `setup_context` records
+  which outputs those are (`_floating_likes`), `backward` takes a slot per output and
+  hands them on (`_floating_grads`), raising where the count differs at run time.
 """
 
 from __future__ import annotations
@@ -134,6 +138,16 @@ class FunctionWriter:
         incoming = dict(record.gradients.incoming) if record.gradients else {}
         alloc.taken.update(self.grads)
         alloc.taken.update(incoming.values())
+        #: Fewer gradient parameters than outputs: they belong to the floating-point
+        #: outputs in order, which backward finds at run time; its own gradient slots
+        #: are one per output, named after it.
+        self.routed = len(self.grads) < len(self.outputs)
+        self.slots = (
+            [self._slot(o.var, alloc, set(incoming.values())) for o in self.outputs]
+            if self.routed
+            else self.grads
+        )
+        self.likes = alloc.fresh("outputs_like") if self.routed else ""
         self.promoted = [s for s in record.context if s.promoted]
         self.incoming = [incoming[s.name] for s in self.promoted]
         self.extras = [s for s in record.extras if not s.promoted]
@@ -165,6 +179,14 @@ class FunctionWriter:
         self.replay = replay(record, own, literals, self.input_vars)
         if self.replay is not None:
             self.extras = [s for s in self.extras if s not in self.replay.entries]
+
+    def _slot(self, var: str, alloc: NameAllocator, incoming: set[str]) -> str:
+        """The Function's gradient slot for an output: `grad_<output>`, which may be a
+        gradient parameter's name too (the routed gradients are bound after every
+        slot is read, so `grad_y` may take `grad_y`'s gradient again)."""
+        name = f"grad_{var}"
+        free = name in self.grads and name not in incoming
+        return name if free else alloc.fresh(name)
 
     def _input(self, index: int) -> _Input:
         param = self.diff.params[index]
@@ -398,7 +420,10 @@ class FunctionWriter:
             lines.append(
                 f"    {self.ctx}.{self.list_lengths[item.name]} = len({item.name})"
             )
-        for out in self.outputs:
+        if self.routed:  # which outputs backward takes gradients for
+            floating = ", ".join(o.var for o in self.outputs)
+            lines.append(f"    {self.ctx}.{self.likes} = _floating_likes({floating})")
+        for out in self.outputs if not self.routed else ():
             if out.listed:
                 lines.append(
                     f"    {self.ctx}.{out.var}_like = "
@@ -489,7 +514,7 @@ class FunctionWriter:
         lines = ["@staticmethod"]
         if self.record.first_order:
             lines.append(f'@_FirstOrder("{self.diff.name}")')
-        pairs = list(zip(self.grads, self.outputs, strict=True))
+        pairs = list(zip(self.slots, self.outputs, strict=True))
         plain = [g for g, o in pairs if not o.listed]
         listed = [g for g, o in pairs if o.listed]
         params = [f"{self.ctx}: Any"]
@@ -513,7 +538,7 @@ class FunctionWriter:
         if not self.handles_none or self.diff.tuple_result or listed:
             # The closure expects tensors: skip it when no gradient arrived at all.
             lines += [f"    if {' and '.join(tests)}:", f"        return {nones}"]
-        lines += self._materialize(plain, listed)
+        lines += self._routed() if self.routed else self._materialize(plain, listed)
         keywords = [f"{k}={k}" for k in self.incoming]
         if self.needs:
             keywords.append(f"{self.needs}={self._needs()}")
@@ -569,6 +594,17 @@ class FunctionWriter:
                 "    ]",
             ]
         return lines
+
+    def _routed(self) -> list[str]:
+        """The closure's gradients: those of the floating-point outputs, in order."""
+        taken = _targets(self.grads)
+        slots = ", ".join(self.slots)
+        bname = self.diff.backward.name.value
+        return [
+            f"    # `{bname}` takes the floating-point outputs' gradients, in order",
+            f"    {taken} = _floating_grads({self.diff.name!r}, {len(self.grads)}, "
+            f"{self.ctx}.{self.likes}, {slots})",
+        ]
 
     def _context(self) -> str:
         """The context tuple f_backward unpacks, rebuilt from what setup_context kept."""

@@ -421,10 +421,13 @@ def _check_arity(
     bw: cst.FunctionDef,
     loc: Locator,
 ) -> list[Diagnostic]:
-    """Check one gradient parameter of backward per output of forward."""
+    """Check one gradient parameter of backward per output of forward, or fewer but
+    some: as in TorchScript's closures (`topk` returns `values, indices, backward`
+    with `def backward(grad_output)`), integer and bool outputs may go without one.
+    Which outputs those are is known at run time, where the op checks the count."""
     n_out = len(result.elements) if isinstance(result, cst.Tuple) else 1
     grads = [*bw.params.posonly_params, *bw.params.params]
-    if n_out == len(grads):
+    if n_out == len(grads) or 0 < len(grads) < n_out:
         return []
     name, bname = forward.name.value, bw.name.value
     message = (
@@ -432,6 +435,8 @@ def _check_arity(
         f"{_plural(n_out, 'output')}"
     )
     hint = f"give `{bname}` one gradient parameter per output ({n_out})"
+    if not grads and n_out > 1:
+        hint += ", or one per floating-point output where the rest are integer or bool"
     if n_out == 1 and isinstance(result, cst.Name) and len(grads) > 1:
         shown = result.value
         hint = (

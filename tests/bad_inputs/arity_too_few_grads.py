@@ -3,9 +3,9 @@ import torch
 
 
 def sin_cos(x: torch.Tensor):
-    """sin(x) and cos(x)."""
+    """sin(x) and cos(x), with a backward that takes no gradient."""
     s = torch.sin(x)
     c = torch.cos(x)
-    def backward(grad_s):
-        return grad_s * c
+    def backward():
+        return None
     return (s, c), backward

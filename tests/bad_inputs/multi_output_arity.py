@@ -1,13 +1,13 @@
-# expect: S2S107 10:9
+# expect: S2S107 13:17
 import torch
 
 
 def moments(x: torch.Tensor):
-    """Mean, second and third moment of x."""
+    """Mean of x, with its count and rank: numbers, which take no gradient."""
     m1 = x.mean()
-    m2 = (x * x).mean()
-    m3 = (x * x * x).mean()
+    n = x.numel()
+    d = x.dim()
     def backward(g1, g2):
-        n = x.numel()
-        return (g1 + 2 * g2 * x) / n
-    return (m1, m2, m3), backward
+        grad = (g1 + 2 * g2 * x) / n
+        return grad
+    return (m1, n, d), backward
