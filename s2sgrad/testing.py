@@ -12,6 +12,14 @@ floating-point tensor. A differentiator whose backward is meant to differ from
 forward's derivative says so with `# s2sgrad: surrogate=true`, and the oracle is then
 the derivative that backward defines, at every order (`_Surrogate`).
 
+A backward with fewer gradient parameters than the closure has outputs, as
+TorchScript's closures write `topk` (`return values, indices, backward` with
+`def backward(grad_output)`), takes the gradients of the floating-point (or complex)
+tensor outputs, in order, as the generated op hands them (`_floating_grads`); the other
+outputs are weighted by nothing, and the op's integer and bool outputs are compared
+with the closure's for equal values. Where the count differs for the example inputs,
+the check reports that instead of a gradient.
+
 Gradients are compared as weighted sums with random weights (vector-Jacobian products),
 never by finite differences, at tolerances of the inputs' dtype. A mismatch raises
 `AssertionError` with a report a user can act on: the parameter, the order and shape of
@@ -39,6 +47,7 @@ import torch
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from s2sgrad.diagnostics import TransformError
+from s2sgrad.frontend.checks import returned_pair
 from s2sgrad.frontend.locate import Locator
 from s2sgrad.frontend.parse import read_pragmas
 from s2sgrad.options import Options
@@ -94,11 +103,18 @@ class Mismatch:
     scale: float | None = None
     #: forward mode: sum(u * jvp(t)) and sum(vjp(u) * t), which should be equal
     products: tuple[float, float] | None = None
+    #: kind "value" (an integer or bool output of the op, or a number, differs from
+    #: the closure's): how; `parameter` then names the output
+    detail: str = ""
 
     def heading(self) -> str:
+        if self.kind == "value":
+            return "its outputs' values"
         return f"order {self.order}{_SHAPES[self.kind][0]}"
 
     def describe(self) -> str:
+        if self.kind == "value":
+            return f"- {self.parameter}, {self.what}: {self.detail}"
         label = f"gradient of `{self.parameter}`, order {self.order}"
         label += f"{_SHAPES[self.kind][1]}, {self.what}"
         if self.products is not None:
@@ -162,6 +178,9 @@ def _check(
     if order < 1:
         raise ValueError(f"order must be at least 1, got {order}")
     rule = _Rule(fn, args, kwargs)
+    unfit = rule.unfit(seed)
+    if unfit is not None:
+        return _Outcome(True, unfit, rule.surrogate)
     found = [] if rule.surrogate else rule.check_backward(seed)
     if not found:
         found = rule.check_op(generated_op(fn, options), order, seed)
@@ -191,6 +210,13 @@ class _Rule:
         self.source = _Source(fn)
         self.surrogate = self.source.pragmas.get("surrogate") == "true"
         self.backward: Callable[..., Any] | None = None
+        #: how many outputs the closure's `return` lists (`return a, b, backward` or
+        #: `return (a, b), backward`); None where it returns one expression, which may
+        #: be a list output
+        self.listed = self.source.outputs
+        #: the outputs backward takes gradients for, where it takes fewer than there
+        #: are outputs (their positions); None where it takes one per output
+        self.taken: list[int] | None = None
         #: (label such as `x` or `xs[1]`, parameter, index in its list, tensor)
         self.inputs = _checked_inputs(self.bound.arguments)
         self.labels = [label for label, *_ in self.inputs]
@@ -218,19 +244,63 @@ class _Rule:
 
     def closure(self, values: Sequence[Any], seed: int) -> tuple[Any, Any]:
         """(result, backward) of the closure's forward on `values`."""
-        result, self.backward = _split(self.call(self.fn, values, seed))
+        result, self.backward, flat = _split(self.call(self.fn, values, seed))
+        if flat and self.listed is None:  # `return a, b, backward`, source unread
+            self.listed = len(result)
         return result, self.backward
+
+    def cotangents(
+        self, result: Any, weights: list[torch.Tensor | None], backward: Any
+    ) -> list[Any]:
+        """The arguments of `backward` for output gradients `weights`."""
+        return _cotangents(result, weights, backward, self.listed)
+
+    def unfit(self, seed: int) -> str | None:
+        """Where backward takes fewer gradients than there are outputs: which outputs
+        take them (`taken`), and a report where their count is not backward's."""
+        if not self.inputs:
+            return None  # nothing is differentiated: backward never runs
+        with torch.no_grad():
+            result, backward = self.closure([t for *_, t in self.inputs], seed)
+        if not _fewer(result, backward, self.listed):
+            return None
+        self.taken = _taken(result)
+        wants = _positional(backward)
+        if len(self.taken) == wants:
+            return None
+        fn = self.fn
+        code = getattr(backward, "__code__", None)
+        line = getattr(code, "co_firstlineno", fn.__code__.co_firstlineno)
+        text = linecache.getline(inspect.getsourcefile(fn) or "", line).strip()
+        shown = ", ".join(str(i) for i in self.taken) or "none"
+        return (
+            f"`{fn.__name__}` ({_file(fn)}:{fn.__code__.co_firstlineno}): its backward "
+            f"takes {wants} gradient{'s' if wants != 1 else ''}, one per "
+            f"floating-point output in order, but {len(self.taken)} of its "
+            f"{len(result)} outputs are floating-point or complex tensors for these "
+            f"inputs (outputs: {shown}), so no gradient was checked; the op s2sgrad "
+            "generates raises a RuntimeError when its backward runs\n"
+            f"  backward: {_file(fn)}:{line}" + (f" (`{text}`)" if text else "") + "\n"
+            "  give backward one gradient parameter per output, or return only "
+            "integer or bool tensors beside the outputs it takes gradients for"
+        )
 
     # -- first order: the user's backward ----------------------------------------------
 
     def check_backward(self, seed: int) -> list[Mismatch]:
         leaves = self.leaves()
+        if not leaves:
+            return []
         result, backward = self.closure(leaves, seed)
         outputs = _tensors(result)
         weights = _weights(outputs, seed)
+        if self.taken is not None:  # only the outputs backward takes are weighted
+            weights = [
+                w if t else None for w, t in zip(weights, _top(result), strict=True)
+            ]
         expected = _grad(outputs, weights, leaves, create_graph=False)
         with torch.no_grad():
-            returned = backward(*_cotangents(result, weights, backward))
+            returned = backward(*self.cotangents(result, weights, backward))
         got = self.per_leaf(returned)
         found = []
         for label, want, leaf in zip(self.labels, expected, leaves, strict=True):
@@ -277,12 +347,15 @@ class _Rule:
         return self.closure(leaves, seed)[0]
 
     def check_op(self, op: Callable[..., Any], order: int, seed: int) -> list[Mismatch]:
-        """The op's gradients against the oracle's at orders 1 to `order`, alone
-        and mixed, stopping at the first wrong one; then the op's forward mode."""
+        """The op's integer and bool outputs against the closure's, then its
+        gradients against the oracle's at orders 1 to `order`, alone and mixed,
+        stopping at the first wrong one; then the op's forward mode."""
         leaves = self.leaves()
-        mine, weights = _reverse(
-            _tensors(self.call(op, leaves, seed)), leaves, order, seed
-        )
+        returned = self.call(op, leaves, seed)
+        found = self.check_values(returned, seed)
+        if found:
+            return found
+        mine, weights = _reverse(_tensors(returned), leaves, order, seed)
         theirs_at = self.leaves()
         result = self.reference(theirs_at, seed)
         theirs, _ = _reverse(_tensors(result), theirs_at, order, seed)
@@ -294,6 +367,24 @@ class _Rule:
                 return found
         pure = [grads for _, kind, grads in mine if kind == "alone"]
         return self.check_forward(op, pure, weights, seed)
+
+    def check_values(self, returned: Any, seed: int) -> list[Mismatch]:
+        """The op's outputs that have no gradient (integer and bool tensors, numbers)
+        against the closure forward's, for equal values: the floating-point ones are
+        checked through their gradients."""
+        with torch.no_grad():
+            result = self.closure([t for *_, t in self.inputs], seed)[0]
+        mine, theirs = _outputs(returned), _outputs(result)
+        what = "the generated op"
+        if len(mine) != len(theirs):
+            count = f"{len(mine)} outputs, expected {len(theirs)}"
+            return [_value("its outputs", what, count)]
+        found = []
+        for (label, got), (_, want) in zip(mine, theirs, strict=True):
+            detail = _differs(got, want)
+            if detail is not None:
+                found.append(_value(label, what, detail))
+        return found
 
     def check_forward(
         self,
@@ -397,6 +488,17 @@ class _Rule:
         fn = self.fn
         where = f"{_file(fn)}:{fn.__code__.co_firstlineno}"
         first = found[0]
+        if first.kind == "value":
+            return "\n".join(
+                [
+                    f"`{fn.__name__}` ({where}): wrong output values, {first.what} "
+                    "against the closure's own forward:",
+                    *(m.describe() for m in found),
+                    "  the op returns what the closure's forward computes; its "
+                    "integer and bool outputs should be equal to it: a bug in "
+                    "s2sgrad, please report it",
+                ]
+            )
         lines = [
             f"`{fn.__name__}` ({where}): wrong gradient at {first.heading()}, "
             f"{first.what} against {self.oracle()}:",
@@ -432,9 +534,17 @@ class _Rule:
         if order > 1:
             orders += " (each alone and mixed with the output)"
         checked = ", ".join(f"`{label}`" for label in self.labels) or "none"
+        taken = ""
+        if self.taken is not None:
+            shown = ", ".join(str(i) for i in self.taken)
+            taken = (
+                f"; backward takes the gradient{'s' if len(self.taken) > 1 else ''} "
+                f"of output{'s' if len(self.taken) > 1 else ''} {shown} only, the "
+                "others' values were compared"
+            )
         return (
             f"`{self.fn.__name__}`: right at {orders}, in reverse and forward mode, "
-            f"against {self.oracle()}; inputs checked: {checked}"
+            f"against {self.oracle()}; inputs checked: {checked}{taken}"
         )
 
 
@@ -467,7 +577,9 @@ class _Surrogate(torch.autograd.Function):
                 g if _differentiable(o) else None
                 for o, g in zip(_tensors(result), grads, strict=True)
             ]
-            returned = rule.per_leaf(backward(*_cotangents(result, weights, backward)))
+            returned = rule.per_leaf(
+                backward(*rule.cotangents(result, weights, backward))
+            )
         found = [
             _summed(returned.get(label), v)
             for label, v in zip(rule.labels, values, strict=True)
@@ -603,6 +715,10 @@ class _Source:
         self.returns: dict[int, list[tuple[int, list[int]]]] = {}
         #: `# s2sgrad: key=value` in `fn`; a misspelt one raises TransformError
         self.pragmas: dict[str, str] = {}
+        #: how many outputs `fn`'s final `return` lists (`return a, b, backward`,
+        #: `return (a, b), backward`); None for one expression (`return out,
+        #: backward`), which may be a list output, or where the source is not read
+        self.outputs: int | None = None
         try:
             source = "".join(linecache.getlines(inspect.getsourcefile(fn) or ""))
             wrapper = MetadataWrapper(cst.parse_module(source))
@@ -619,6 +735,9 @@ class _Source:
         if not outer:
             return
         self.pragmas = read_pragmas(outer[0], Locator(self.path, source, positions))
+        pair = returned_pair(outer[0])
+        if pair is not None and isinstance(pair[0], cst.Tuple):
+            self.outputs = len(pair[0].elements)
         for backward in _backward_defs(outer[0]):
             spots = self.returns.setdefault(_def_line(backward, positions), [])
             for ret in _returns(backward):
@@ -748,8 +867,9 @@ def _differentiable(value: torch.Tensor) -> bool:
     return value.is_floating_point() or value.is_complex()
 
 
-def _split(returned: Any) -> tuple[Any, Callable[..., Any]]:
-    """(result, backward) of `return result, backward` or `return a, b, backward`."""
+def _split(returned: Any) -> tuple[Any, Callable[..., Any], bool]:
+    """(result, backward, whether the outputs came flat) of `return result, backward`
+    or `return a, b, backward`."""
     if (
         not isinstance(returned, tuple)
         or len(returned) < 2
@@ -757,7 +877,9 @@ def _split(returned: Any) -> tuple[Any, Callable[..., Any]]:
     ):
         raise TypeError("a closure-style function returns its result and `backward`")
     *outs, backward = returned
-    return (outs[0] if len(outs) == 1 else tuple(outs)), backward
+    if len(outs) == 1:
+        return outs[0], backward, False
+    return tuple(outs), backward, True
 
 
 def _tensors(result: Any) -> list[torch.Tensor]:
@@ -779,21 +901,112 @@ def _weights(outputs: list[torch.Tensor], seed: int) -> list[torch.Tensor | None
 
 
 def _cotangents(
-    result: Any, weights: list[torch.Tensor | None], backward: Callable[..., Any]
+    result: Any,
+    weights: list[torch.Tensor | None],
+    backward: Callable[..., Any],
+    listed: int | None,
 ) -> list[Any]:
-    """The arguments of `backward`: one gradient per output, a list for a list."""
+    """The arguments of `backward`: one gradient per output, a list for a list; or,
+    where backward takes fewer than the `listed` outputs, the gradients of the
+    floating-point tensor outputs in order (`_taken`)."""
     it = iter(weights)
     if isinstance(result, torch.Tensor):
         return [next(it)]
     parameters = inspect.signature(backward).parameters.values()
     flat = any(p.kind is p.VAR_POSITIONAL for p in parameters)
-    if len(parameters) == 1 and not flat:  # a list output
+    if listed is None and len(parameters) == 1 and not flat:  # a list output
         return [[next(it) for _ in result]]
     items = [[next(it) for _ in _tensors(o)] for o in result]
+    if _fewer(result, backward, listed):
+        taken = [items[i][0] for i in _taken(result)]
+        if len(taken) != _positional(backward):  # `_Rule.unfit` reports it first
+            raise TypeError(
+                f"backward takes {_positional(backward)} gradients for "
+                f"{len(taken)} floating-point outputs"
+            )
+        return taken
     return [
         g[0] if isinstance(o, torch.Tensor) else g
         for o, g in zip(result, items, strict=True)
     ]
+
+
+def _positional(backward: Callable[..., Any]) -> int:
+    """How many gradients `backward` takes: its positional parameters."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    parameters = inspect.signature(backward).parameters.values()
+    return sum(1 for p in parameters if p.kind in kinds)
+
+
+def _fewer(result: Any, backward: Callable[..., Any], listed: int | None) -> bool:
+    """Whether `backward` takes fewer gradients than the closure's `return` lists
+    outputs (`return values, indices, backward` with `def backward(grad_output)`)."""
+    if listed is None or not isinstance(result, tuple):
+        return False
+    parameters = inspect.signature(backward).parameters.values()
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return False
+    return _positional(backward) < len(result)
+
+
+def _taken(result: tuple[Any, ...]) -> list[int]:
+    """The outputs a backward with fewer gradients than outputs takes them for: the
+    floating-point (or complex) tensors, in order, as the op's `_floating_grads`."""
+    return [
+        i
+        for i, o in enumerate(result)
+        if isinstance(o, torch.Tensor) and _differentiable(o)
+    ]
+
+
+def _top(result: Any) -> list[bool]:
+    """For each of `_tensors(result)`: whether it is an output itself, not an element
+    of a list output."""
+    if isinstance(result, torch.Tensor):
+        return [True]
+    found: list[bool] = []
+    for o in result if isinstance(result, (list, tuple)) else ():
+        found += [True] if isinstance(o, torch.Tensor) else [False] * len(_tensors(o))
+    return found
+
+
+def _outputs(result: Any, label: str = "") -> list[tuple[str, Any]]:
+    """(label, value) of each output, a list's elements each: `output 1`,
+    `output 2[0]`; `the output` where there is one."""
+    if isinstance(result, (list, tuple)):
+        found = []
+        for i, item in enumerate(result):
+            found += _outputs(item, f"{label}[{i}]" if label else f"output {i}")
+        return found
+    return [(label or "the output", result)]
+
+
+def _differs(got: Any, want: Any) -> str | None:
+    """How an output without a gradient (an integer or bool tensor, a number) differs
+    from the closure's, else None."""
+    if isinstance(want, torch.Tensor):
+        if _differentiable(want):
+            return None  # checked through its gradients
+        if not isinstance(got, torch.Tensor):
+            return f"{type(got).__name__}, expected a {want.dtype} tensor"
+        if got.dtype != want.dtype:
+            return f"dtype {got.dtype}, expected {want.dtype}"
+        if got.shape != want.shape:
+            return f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        if torch.equal(got, want):
+            return None
+        wrong = int((got != want).sum())
+        return (
+            f"{wrong} of its {want.numel()} values differ from the closure's "
+            f"({want.dtype}, shape {tuple(want.shape)})"
+        )
+    if isinstance(want, (bool, int)) and not (type(got) is type(want) and got == want):
+        return f"{got!r}, expected {want!r}"
+    return None
+
+
+def _value(label: str, what: str, detail: str) -> Mismatch:
+    return Mismatch(label, 0, what, 0.0, None, None, (), "", "value", detail=detail)
 
 
 def _grad(
