@@ -6,6 +6,8 @@ Pure: reads no files and no environment. The CLI and the import hook both call
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
@@ -15,6 +17,7 @@ from s2sgrad.codegen import generate
 from s2sgrad.cst import remembering
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import ParsedModule, checks, parse
+from s2sgrad.frontend.compose import Composed, check_draws, compose
 from s2sgrad.frontend.locate import Locator
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.header import Origin
@@ -27,6 +30,7 @@ from s2sgrad.lift import (
     check_untracked_bindings,
     lift,
 )
+from s2sgrad.lines import split_lines
 from s2sgrad.options import Options
 from s2sgrad.values import Evaluator, ModuleFacts, forward_values
 
@@ -40,7 +44,8 @@ def convert(source: str, origin: Origin, options: Options) -> str:
 def analyse(
     source: str, origin: Origin, options: Options
 ) -> tuple[ParsedModule, list[Differentiated]]:
-    """Parse, lift and differentiate `source`: the records `generate` takes.
+    """Parse, lift and differentiate `source` (after `compose` writes the closures
+    forward keeps from other differentiators as calls): the records `generate` takes.
 
     `s2sgrad review` shows these records beside the text generated from them. The
     stages ask about the same subtrees again: each is walked once (`remembering`).
@@ -52,28 +57,49 @@ def analyse(
 def _analyse(
     source: str, origin: Origin, options: Options
 ) -> tuple[ParsedModule, list[Differentiated]]:
-    parsed = parse(source, origin.display_path)
+    composed = compose(source, origin.display_path)
+    parsed = _parse(source, composed, origin.display_path)
     if not parsed.differentiators:
         raise TransformError([_none_found(parsed, origin.display_path)])
-    siblings, facts = module_facts(parsed)
-    judged = _judge_forward(parsed, facts, origin.display_path, options.policy)
-    records = [
-        differentiate(
-            lift(d, options, facts, evaluator),
-            options,
-            parsed.lines,
-            siblings,
-            facts,
-            origin.display_path,
-        )
-        for d, evaluator in judged
-    ]
+    try:
+        siblings, facts = module_facts(parsed)
+        judged = _judge_forward(parsed, facts, origin.display_path, options.policy)
+        records = [
+            differentiate(
+                lift(d, options, facts, evaluator),
+                options,
+                parsed.lines,
+                siblings,
+                facts,
+                origin.display_path,
+            )
+            for d, evaluator in judged
+        ]
+    except TransformError as exc:
+        raise TransformError(composed.restore(exc.diagnostics)) from None
     return parsed, records
+
+
+def _parse(source: str, composed: Composed, path: str) -> ParsedModule:
+    """Parse the source as `compose` rewrote it; the module record keeps the
+    source's own text and lines (for the header's hash and the comments that quote
+    it), and every diagnostic points into the source."""
+    try:
+        parsed = parse(composed.source, path)
+    except TransformError as exc:
+        raise TransformError(composed.merged(exc.diagnostics)) from None
+    if composed.source is not source:
+        parsed = replace(parsed, source=source, lines=tuple(split_lines(source)))
+    problems = [*composed.problems, *check_draws(parsed, composed)]
+    if problems:
+        raise TransformError(sorted(problems, key=lambda d: (d.line, d.column)))
+    return parsed
 
 
 def differentiator_names(source: str, path: str) -> list[str]:
     """The names of `source`'s differentiators, in source order (errors raise)."""
-    return [diff.name for diff in parse(source, path).differentiators]
+    parsed = _parse(source, compose(source, path), path)
+    return [diff.name for diff in parsed.differentiators]
 
 
 def has_differentiators(source: str, path: str) -> bool:

@@ -42,6 +42,7 @@ from s2sgrad.cst import (
     walk,
 )
 from s2sgrad.diagnostics import Diagnostic, TransformError
+from s2sgrad.frontend.compose import draws
 from s2sgrad.frontend.model import (
     METADATA_ATTRIBUTES,
     METADATA_METHODS,
@@ -735,6 +736,8 @@ class Planner:
         """The random op `call` runs, itself or inside a helper of the module it
         calls (`_noise(x)` whose body calls `torch.randn_like`); None if none."""
         func = call.func
+        if isinstance(func, cst.Name) and func.value in self.siblings:
+            return self.siblings[func.value].draws  # `drop(x, p)[0]`, replayed
         name = qualified.get(func) if dotted(func) else None
         if name is None and isinstance(func, cst.Attribute):
             name = f"torch.Tensor.{func.attr.value}"
@@ -837,7 +840,9 @@ def _backward_locals(diff: Differentiator, body: cst.BaseSuite) -> set[str]:
     return {p.name.value for p in diff.backward.params.params} | bound(body)
 
 
-def sibling_of(diff: Differentiator, result: Value = UNKNOWN) -> Sibling:
+def sibling_of(
+    diff: Differentiator, result: Value = UNKNOWN, draw: str | None = None
+) -> Sibling:
     """Describe a differentiator as the rule for calls to it from its siblings."""
     names = Names.of(diff.name)
     returns = findall(diff.backward.body, m.Return())
@@ -845,7 +850,9 @@ def sibling_of(diff: Differentiator, result: Value = UNKNOWN) -> Sibling:
         isinstance(r, cst.Return) and isinstance(r.value, cst.Tuple) for r in returns
     )
     params = tuple(p.name for p in diff.params)
-    return Sibling(diff.name, params, names.forward, names.backward, bare, result)
+    return Sibling(
+        diff.name, params, names.forward, names.backward, bare, result, draw
+    )
 
 
 def module_facts(parsed: ParsedModule) -> tuple[dict[str, Sibling], ModuleFacts]:
@@ -866,7 +873,12 @@ def module_facts(parsed: ParsedModule) -> tuple[dict[str, Sibling], ModuleFacts]
         facts = ModuleFacts(results, parsed.helpers, constants)
         if settled:
             break
-    siblings = {d.name: sibling_of(d, facts.siblings[d.name]) for d in diffs}
+    siblings = {
+        d.name: sibling_of(
+            d, facts.siblings[d.name], draws(d.statements, d.qualified_names, parsed)
+        )
+        for d in diffs
+    }
     return siblings, facts
 
 

@@ -149,6 +149,9 @@ class Sibling:
     bare: bool
     #: What its result is (a tensor, a tuple of them...).
     result: Value = UNKNOWN
+    #: The random op its forward runs (`torch.rand_like`), itself or in what it
+    #: calls; None if none. Its VJP would recompute its context: refused then.
+    draws: str | None = None
 
 
 class Generator:
@@ -528,6 +531,13 @@ class Generator:
         """
         assert isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call)
         call = node.value
+        if sibling.draws is not None:
+            raise NoRule(
+                line,
+                f"`{sibling.name}` draws random numbers "
+                f"(`{sibling.draws.rsplit('.', 1)[-1]}`): its VJP would recompute "
+                "its context and draw different ones",
+            )
         if sibling.result.tensor is not True:
             # `pair(x)[0]` of a sibling whose result is a tuple: the pieces taken from
             # it are not one output of a rule; backward recomputes them.

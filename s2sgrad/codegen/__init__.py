@@ -20,7 +20,7 @@ from s2sgrad.codegen.fmt import format_code
 from s2sgrad.codegen.guard import check_generated
 from s2sgrad.codegen.imports import import_block, name_key
 from s2sgrad.codegen.standalone import runtime
-from s2sgrad.cst import bound, module
+from s2sgrad.cst import bound, module, nodes
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, ParsedModule
 from s2sgrad.header import FORMAT_VERSION, Origin, header
@@ -28,6 +28,23 @@ from s2sgrad.lines import split_lines
 from s2sgrad.names import Names
 from s2sgrad.options import Compile, Options
 from s2sgrad.values import SETITEM_NAME
+
+
+def _closures_called(records: list[Differentiated], siblings: set[str]) -> set[str]:
+    """The differentiators whose closure another one's backward calls, `g(x)[1](grad)`
+    (as written, or as `u, g_bwd = g(x)` in forward becomes)."""
+    found: set[str] = set()
+    for item in records:
+        for node in nodes(item.backward_body):
+            if (
+                isinstance(node, cst.Call)
+                and isinstance(node.func, cst.Subscript)
+                and isinstance(node.func.value, cst.Call)
+                and isinstance(node.func.value.func, cst.Name)
+                and node.func.value.func.value in siblings
+            ):
+                found.add(node.func.value.func.value)
+    return found
 
 
 def generate(
@@ -48,6 +65,7 @@ def generate(
     }
     compiled = {item.source.name: _compiles(item, options) for item in records}
     literals = frozenset(n for n, e in parsed.constants.items() if _literal(e))
+    called = _closures_called(records, siblings)
     for item in records:
         body += emit(
             item,
@@ -57,6 +75,7 @@ def generate(
             options.line_length,
             compiled[item.source.name],
             literals,
+            item.source.name in called,
         )
     code = module(body).code
     read = _names_read(code)

@@ -53,8 +53,10 @@ def emit(
     line_length: int = 88,
     compiled: Compile = False,
     literals: frozenset[str] = frozenset(),
+    closure_called: bool = False,
 ) -> list[cst.BaseStatement]:
-    """Emit the definitions of one differentiator.
+    """Emit the definitions of one differentiator (`closure_called`: another's
+    backward calls its closure).
 
     Calls to other differentiators of the module (`y, _ = g(x)`) become calls to their
     record forward, which returns `(result, ctx)` just as the closure returned
@@ -62,7 +64,7 @@ def emit(
     """
     names = Names.of(record.source.name)
     recompute = record.gradients.recompute if record.gradients else None
-    body = backward_body(record, line_length)
+    body = backward_body(record, line_length, closure_called)
     definitions: list[cst.BaseStatement] = [
         forward_def(record, names, path),
         *([recompute_def(record, recompute, path)] if recompute else []),

@@ -48,8 +48,13 @@ class BackwardBody:
     returns: str
 
 
-def backward_body(record: Differentiated, line_length: int = 88) -> BackwardBody:
-    """Return f_backward's statements after the context is unpacked."""
+def backward_body(
+    record: Differentiated, line_length: int = 88, called: bool = False
+) -> BackwardBody:
+    """Return f_backward's statements after the context is unpacked; `called` says
+    that another differentiator's backward calls this one's closure and computes with
+    what it returns, as the closure wrote it, so it is typed `Any` (a `Grad` would
+    make `gw1 + gw2` there a type error where the closure returns tensors)."""
     grads = record.gradients
     user = statements(record.backward_body)
     prologue = recompute_call(grads.recompute) if grads and grads.recompute else []
@@ -68,7 +73,7 @@ def backward_body(record: Differentiated, line_length: int = 88) -> BackwardBody
         [cst.parse_statement(f"{' = '.join(variables)} = None\n")] if variables else []
     )
     built = types.GRADS if len(results) > 1 else types.GRAD
-    if any(param_value(p).tensor_list for p in record.source.params):
+    if called or any(param_value(p).tensor_list for p in record.source.params):
         built = "tuple[Any, ...]" if len(results) > 1 else "Any"  # a list of them
     if sliced is not None:
         used = {g for g in guards if any(g in _names(s) for s in sliced)}
