@@ -71,8 +71,12 @@ def bound_target(target: cst.BaseExpression) -> set[str]:
 
 
 class _Binds(cst.CSTVisitor):
-    def __init__(self) -> None:
+    """The names bound in a subtree; with `nested`, in the scopes nested in it too
+    (their parameters, comprehension targets and `del`s included)."""
+
+    def __init__(self, nested: bool = False) -> None:
         self.names: set[str] = set()
+        self.nested = nested
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
         self.names |= bound_target(node.target)
@@ -92,25 +96,42 @@ class _Binds(cst.CSTVisitor):
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
         self.names |= bound_target(node.target)
 
+    def visit_Param(self, node: cst.Param) -> None:
+        self.names.add(node.name.value)  # reached only inside a nested scope
+
+    def visit_Del(self, node: cst.Del) -> None:
+        if self.nested:
+            self.names |= bound_target(node.target)
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         self.names.add(node.name.value)
-        return False
+        return self.nested
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         self.names.add(node.name.value)
-        return False
+        return self.nested
 
     def visit_Lambda(self, node: cst.Lambda) -> bool:
-        return False
+        return self.nested
 
     def visit_CompFor(self, node: cst.CompFor) -> bool:
-        return False
+        if self.nested:
+            self.names |= bound_target(node.target)
+        return self.nested
 
 
 def bound(node: cst.CSTNode) -> set[str]:
     """Return the names a statement binds (not inside nested functions)."""
     visitor = _Binds()
     walk(node, visitor)
+    return visitor.names
+
+
+def bound_anywhere(*roots: cst.CSTNode) -> set[str]:
+    """Return the names bound anywhere in the nodes, nested scopes included."""
+    visitor = _Binds(nested=True)
+    for root in roots:
+        walk(root, visitor)
     return visitor.names
 
 

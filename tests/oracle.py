@@ -15,6 +15,7 @@ same kind, so that the closure itself is checked in both shapes too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -174,3 +175,22 @@ def assert_same(
             return f"{what}{label}: {m}"
 
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=message)
+
+
+def closure_and_op(
+    source: str, text: str, module: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The closure module `source` and the generated module `text`, each run as a
+    module of its own (`module`, `module_grad`): their namespaces."""
+    closures: dict[str, Any] = {"__name__": module}
+    exec(compile(source, f"{module}.py", "exec"), closures)
+    generated: dict[str, Any] = {"__name__": f"{module}_grad"}
+    exec(compile(text, f"{module}_grad.py", "exec"), generated)
+    return closures, generated
+
+
+def function(text: str, name: str) -> str:
+    """The source of one top-level function of a generated module."""
+    found = re.search(rf"^def {name}\(.*?(?=^(?:def |class )|\Z)", text, re.S | re.M)
+    assert found is not None, name
+    return found.group(0)

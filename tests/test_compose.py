@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from oracle import assert_same, derivatives, leaves
+from oracle import assert_same, closure_and_op, derivatives, function, leaves
 
 from s2sgrad import transform
 from s2sgrad.diagnostics import Diagnostic, TransformError
@@ -183,18 +183,7 @@ def text() -> str:
 
 @pytest.fixture(scope="module")
 def modules(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    closures: dict[str, Any] = {"__name__": "composed"}
-    exec(compile(SOURCE, "composed.py", "exec"), closures)
-    generated: dict[str, Any] = {"__name__": "composed_grad"}
-    exec(compile(text, "composed_grad.py", "exec"), generated)
-    return closures, generated
-
-
-def function(text: str, name: str) -> str:
-    """The source of one generated function."""
-    found = re.search(rf"^def {name}\(.*?(?=^(?:def |class )|\Z)", text, re.S | re.M)
-    assert found is not None, name
-    return found.group(0)
+    return closure_and_op(SOURCE, text, "composed")
 
 
 def inputs(seed: int = 0) -> list[torch.Tensor]:

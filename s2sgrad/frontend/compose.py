@@ -58,10 +58,9 @@ from s2sgrad import opfacts
 from s2sgrad.cst import (
     as_compound_or_line,
     as_statement,
-    bound_target,
+    bound_anywhere,
     dotted,
     findall,
-    walk,
 )
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend import checks
@@ -805,53 +804,10 @@ class _Rewrite(cst.CSTTransformer):
         return updated_node.with_changes(func=func)
 
 
-class _Bound(cst.CSTVisitor):
-    """Every name bound anywhere in a subtree, nested scopes included."""
-
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def visit_Param(self, node: cst.Param) -> None:
-        self.names.add(node.name.value)
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self.names |= bound_target(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self.names |= bound_target(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self.names |= bound_target(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self.names |= bound_target(node.target)
-
-    def visit_CompFor(self, node: cst.CompFor) -> None:
-        self.names |= bound_target(node.target)
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self.names |= bound_target(node.name)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self.names |= bound_target(node.target)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.names.add(node.name.value)
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.names.add(node.name.value)
-
-    def visit_Del(self, node: cst.Del) -> None:
-        self.names |= bound_target(node.target)
-
-
 def _bound_anywhere(function: cst.FunctionDef) -> set[str]:
     """The names `function` binds: its parameters, and anything its body or the
     scopes nested in it bind."""
-    bound = _Bound()
-    walk(function.params, bound)
-    walk(function.body, bound)
-    return bound.names
+    return bound_anywhere(function.params, function.body)
 
 
 def check_draws(parsed: ParsedModule, composed: Composed) -> list[Diagnostic]:
