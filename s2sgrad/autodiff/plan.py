@@ -741,7 +741,7 @@ class Planner:
         name = qualified.get(func) if dotted(func) else None
         if name is None and isinstance(func, cst.Attribute):
             name = f"torch.Tensor.{func.attr.value}"
-        if name is not None and name.startswith("torch.") and opfacts.is_random(name):
+        if name is not None and opfacts.is_random(name):
             return name
         helper = (
             self.facts.helpers.get(func.value) if isinstance(func, cst.Name) else None

@@ -620,6 +620,12 @@ class Generator:
             node.value, self.value(node.value, env)
         ):
             raise NoRule(line, f"`{code}` indexes the tuple a call returns: no rule")
+        elif isinstance(node, cst.Subscript) and (
+            self.value(node.value, env).tensor is not True
+        ):
+            # `xs[0]` of a list of tensors (a list parameter, `x.split(2)`): the rule
+            # indexes one tensor, and would read the list's shape and device.
+            raise NoRule(line, f"`{code}` indexes what may not be one tensor: no rule")
         elif isinstance(node, cst.Subscript):
             key, positional, keywords = (
                 "operator.getitem",

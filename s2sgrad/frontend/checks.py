@@ -172,14 +172,29 @@ def check_nested_backward(forward: cst.FunctionDef, loc: Locator) -> list[Diagno
     clearly meant to be one: skipping it silently would drop it from the output.
     """
     pair = returned_pair(forward)
-    if pair is None or not isinstance(pair[1], cst.Name):
+    if pair is not None and isinstance(pair[1], cst.Name):
+        candidates = [pair[1].value]
+    elif pair is None:
+        # No final return of a pair: the returns of pairs may be inside the blocks
+        # (`if sq: def backward...; return x * x, backward` and the same in `else`).
+        names = set()
+        for ret in findall(forward.body, m.Return()):
+            assert isinstance(ret, cst.Return)
+            inner = _split_pair(ret)
+            if inner is not None and isinstance(inner[1], cst.Name):
+                names.add(inner[1].value)
+        candidates = sorted(names)
+    else:
         return []
-    finder = _DefsInBlocks(pair[1].value)
-    walk(forward.body, finder)
-    if finder.hit is None:
+    hits = []
+    for candidate in candidates:
+        finder = _DefsInBlocks(candidate)
+        walk(forward.body, finder)
+        if finder.hit is not None:
+            hits.append((candidate, *finder.hit))
+    if not hits:
         return []
-    node, block = finder.hit
-    name = pair[1].value
+    name, node, block = hits[0]
     return [
         loc.error(
             "S2S116",

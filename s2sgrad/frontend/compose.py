@@ -61,6 +61,7 @@ from s2sgrad.cst import (
     bound_anywhere,
     dotted,
     findall,
+    nodes,
 )
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend import checks
@@ -559,7 +560,41 @@ class _Caller:
                 return True
             if self._inside(node, binding.targets[0]):
                 return True
-        return False
+        return any(
+            (node in self.positions and self._start(node) > start)
+            or any(self._inside(node, loop) for loop in loops)
+            for node in self._changes_in_place(name)
+        )
+
+    def _changes_in_place(self, name: str) -> list[cst.CSTNode]:
+        """Where forward changes the object `name` holds without binding the name:
+        an in-place method (`h.mul_(3.0)`) or an item store (`h[0] = 0.0`,
+        `h[i] += 1`). The values at the call are then not the values backward
+        would read by that name."""
+        found: list[cst.CSTNode] = []
+        for node in nodes(self.node.body):
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+                receiver, method = node.func.value, node.func.attr.value
+                if (
+                    isinstance(receiver, cst.Name)
+                    and receiver.value == name
+                    and method.endswith("_")
+                    and not method.startswith("_")
+                ):
+                    found.append(node)
+            targets: list[cst.BaseExpression] = []
+            if isinstance(node, cst.Assign):
+                targets = [t.target for t in node.targets]
+            elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+                targets = [node.target]
+            for target in targets:
+                if (
+                    isinstance(target, cst.Subscript)
+                    and isinstance(target.value, cst.Name)
+                    and target.value.value == name
+                ):
+                    found.append(node)
+        return found
 
     def _arity(self, call: cst.Call, closure: str, callee: _Callee) -> list[Diagnostic]:
         """S2S107 for a call of the closure with gradients its backward does not take."""
@@ -859,9 +894,9 @@ def draws(
             name = qualified.get(func) if dotted(func) else None
             if name is None and isinstance(func, cst.Attribute):
                 name = f"torch.Tensor.{func.attr.value}"
+            if name is not None and opfacts.is_random(name):
+                return name
             if name is not None and name.startswith("torch."):
-                if opfacts.is_random(name):
-                    return name
                 continue
             if not isinstance(func, cst.Name) or func.value in seen or depth >= 4:
                 continue

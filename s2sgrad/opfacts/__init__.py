@@ -224,9 +224,17 @@ def returns_input(qualified: str) -> bool:
     return _base(qualified) in table.RETURNS_INPUT
 
 
+#: Modules besides torch whose every function draws random numbers (or seeds them).
+_RANDOM_MODULES = ("random.", "numpy.random.", "secrets.")
+
+
 def is_random(qualified: str) -> bool:
-    """Tell whether the operator draws random numbers."""
-    return _base(qualified) in table.RANDOM
+    """Tell whether the call draws random numbers: a torch operator that does
+    (`torch.rand_like`, `Tensor.bernoulli_`), or a function of Python's `random`,
+    NumPy's `numpy.random` or `secrets`."""
+    if qualified.startswith(_RANDOM_MODULES):
+        return True
+    return qualified.startswith("torch.") and _base(qualified) in table.RANDOM
 
 
 def is_pointwise(qualified: str) -> bool:

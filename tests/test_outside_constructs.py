@@ -1,0 +1,353 @@
+"""Closures written by an outside tester against branches, outputs without a gradient
+parameter and composition (issue 24), and what they found.
+
+Each case either converts and matches torch.autograd through the closure's own forward
+at orders 1 to 3, pure and mixed, in float64 (tests/oracle.py), or is refused with a
+located, coded error. What they found: Python's `random` (and NumPy's) was not a random
+draw to the recomputation checks, so a replay redrew it and even the first order was
+silently wrong; a kept closure's argument changed in place after the call was read
+changed by backward (first order wrong); a list parameter indexed in a promoted
+temporary (`h = xs[0] * w`) crashed every call (`xs.device`); a differentiator whose
+`if`/`else` each define backward and return was dropped without a word.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from oracle import assert_same, derivatives, leaves
+
+from s2sgrad import transform
+from s2sgrad.diagnostics import TransformError
+
+F64 = torch.float64
+
+
+def _modules(tmp_path: Path, source: str, name: str) -> tuple[Any, Any]:
+    (tmp_path / f"{name}.py").write_text(source)
+    (tmp_path / f"{name}_grad.py").write_text(transform(source, f"{name}.py", name))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        for n in (name, f"{name}_grad"):
+            sys.modules.pop(n, None)
+        return importlib.import_module(name), importlib.import_module(f"{name}_grad")
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def _check(closures, generated, fn, values, rest=(), seed=None):
+    def reseed():
+        if seed is not None:
+            torch.manual_seed(seed)
+            random.seed(seed)
+
+    def ref(*t):
+        reseed()
+        out = getattr(closures, fn)(*t, *rest)
+        return out[:-1] if len(out) > 2 else out[0]
+
+    def got(*t):
+        reseed()
+        return getattr(generated, fn)(*t, *rest)
+
+    expected = derivatives(ref, leaves(values))
+    assert_same(derivatives(got, leaves(values)), expected)
+
+
+def _refused(source: str) -> tuple[str, int, int]:
+    with pytest.raises(TransformError) as caught:
+        transform(source, "m.py", "m")
+    diagnostic, *_ = caught.value.diagnostics
+    return diagnostic.code, diagnostic.line, diagnostic.column
+
+
+# -- a kept closure's argument changed in place after the call -------------------------
+
+INNER_EXP = """import torch
+
+
+def inner_exp(x):
+    e = torch.exp(x)
+    def backward(g):
+        return g * e
+    return e * 2.0, backward
+
+"""
+
+ARG_CHANGED_AFTER_CALL = {
+    "mul_": """
+def f(x):
+    h = x * 1.0
+    y, back = inner_exp(h)
+    h.mul_(3.0)
+    def backward(g):
+        return back(g) * 2.0
+    return y, backward
+""",
+    "add_then_read": """
+def f(x):
+    h = x * 1.0
+    y, back = inner_exp(h)
+    h.add_(1.0)
+    z = y * h
+    def backward(g):
+        return back(g * h) * 2.0 + g * y
+    return z, backward
+""",
+    "item_store": """
+def f(x):
+    h = x * 1.0
+    y, back = inner_exp(h)
+    h[0] = 0.0
+    z = y * h
+    def backward(g):
+        gh = g * y
+        gh[0] = 0.0
+        return back(g * h) * 2.0 + gh
+    return z, backward
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(ARG_CHANGED_AFTER_CALL))
+def test_an_argument_changed_in_place_after_the_call_is_refused_at_the_change(case):
+    """Backward would recompute `inner_exp`'s context from `h` as changed: the
+    argument is kept at the call (`back_h = h`), and the change, which would alter
+    the kept tensor too, is S2S123 at its line."""
+    assert _refused(INNER_EXP + ARG_CHANGED_AFTER_CALL[case]) == ("S2S123", 14, 5)
+
+
+# -- Python's and NumPy's random numbers, replayed -------------------------------------
+
+PYRANDOM = {
+    "kept_closure": """import random
+import torch
+
+
+def inner(x, w):
+    s = random.random()
+    t = torch.tanh(x * w * s)
+    def backward(g):
+        d = g * (1 - t * t) * s
+        return d * w, d * x
+    return t, backward
+
+
+def f(x, w):
+    y, back = inner(x, w)
+    def backward(g):
+        return back(2 * g * y)
+    return y * y, backward
+""",
+    "loop": """import random
+import torch
+
+
+def f(x, w):
+    h = x * w
+    for _ in range(3):
+        if random.random() < 0.5:
+            h = h * 2.0
+        else:
+            h = h * 3.0
+    y = h * h
+    def backward(g):
+        gh = 2 * g * h * (h / (x * w))
+        return gh * w, gh * x
+    return y, backward
+""",
+    "helper": """import random
+import torch
+
+
+def _jitter(x):
+    return x + random.gauss(0.0, 1.0)
+
+
+def f(x):
+    t = _jitter(x)
+    e = torch.exp(t)
+    def backward(g):
+        return g * e
+    return e * 1.0, backward
+""",
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "where"),
+    [("helper", (10, 9)), ("kept_closure", (15, 8)), ("loop", (8, 12))],
+)
+def test_python_random_in_what_backward_recomputes_is_refused(case, where):
+    """A replay would draw another number (`random.random()`, `random.gauss` in a
+    helper, a stochastic-depth loop): S2S121, as for `torch.rand`."""
+    assert _refused(PYRANDOM[case]) == ("S2S121", *where)
+
+
+NUMPY_RANDOM = """import numpy as np
+import torch
+
+
+def f(x):
+    h = x
+    for _ in range(2):
+        h = h * float(np.random.uniform(1.0, 2.0))
+    e = torch.exp(h)
+    def backward(g):
+        return g * e * (e.log() / x)
+    return e * 1.0, backward
+"""
+
+
+def test_numpy_random_in_a_replay_is_refused():
+    assert _refused(NUMPY_RANDOM)[0] == "S2S121"
+
+
+def test_python_random_in_a_branch_test_is_forwards_answer(tmp_path):
+    """Outside a replay, a test that draws is kept from forward (`cond = ...`)."""
+    source = """import random
+import torch
+
+
+def f(x, w):
+    h = x * w
+    if random.random() < 0.5:
+        h = h * 3.0
+    y = h * h
+    def backward(g):
+        gh = 2 * g * h * (h / (x * w))  # times 3 where the branch ran
+        return gh * w, gh * x
+    return y, backward
+"""
+    closures, generated = _modules(tmp_path, source, "pyrandom_branch")
+    gen = torch.Generator().manual_seed(0)
+    values = [torch.randn(s, dtype=F64, generator=gen) for s in ((2, 3), (3,))]
+    for seed in range(4):
+        _check(closures, generated, "f", values, seed=seed)
+
+
+# -- a list parameter indexed in a promoted temporary ----------------------------------
+
+LIST_INDEXED = """import torch
+from typing import List
+
+
+def f(xs: List[torch.Tensor], w):
+    if len(xs) > 1:
+        h = torch.stack(xs, 0).sum(0) * w
+    else:
+        h = xs[0] * w
+    t = torch.tanh(h)
+    def backward(g):
+        gh = g * (1 - t * t)
+        return [gh * w for _ in xs], gh * h / w
+    return t, backward
+"""
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_list_parameter_indexed_in_a_promoted_temporary(tmp_path, n):
+    """`xs[0]` has no rule (it is an element of a list, not one tensor indexed): the
+    temporary is recomputed, right at every order, instead of `xs.device` crashing."""
+    closures, generated = _modules(tmp_path, LIST_INDEXED, f"list_indexed_{n}")
+    gen = torch.Generator().manual_seed(0)
+    values = [torch.randn(2, 3, dtype=F64, generator=gen) for _ in range(n)]
+    values.append(torch.rand(3, dtype=F64, generator=gen) + 0.5)
+
+    def ref(*t):
+        return closures.f(list(t[:-1]), t[-1])[0]
+
+    def got(*t):
+        return generated.f(list(t[:-1]), t[-1])
+
+    assert_same(derivatives(got, leaves(values)), derivatives(ref, leaves(values)))
+
+
+# -- backward defined in both branches, each returning ---------------------------------
+
+BOTH_BRANCHES_RETURN = """
+
+def f(x, sq: bool):
+    if sq:
+        def backward(g):
+            return 2 * g * x, None
+        return x * x, backward
+    else:
+        def backward(g):
+            return g * torch.cos(x), None
+        return torch.sin(x), backward
+"""
+
+ANOTHER = """
+
+def g0(x):
+    def backward(g):
+        return 2 * g
+    return 2 * x, backward
+"""
+
+
+def test_backward_in_both_branches_is_a_located_error():
+    assert _refused("import torch\n" + BOTH_BRANCHES_RETURN) == ("S2S116", 6, 9)
+
+
+def test_backward_in_both_branches_is_not_dropped_beside_another():
+    assert _refused("import torch\n" + ANOTHER + BOTH_BRANCHES_RETURN)[0] == "S2S116"
+
+
+# -- neighbours that passed, kept -----------------------------------------------------
+
+PASSING = {
+    # branch on tensor data, one-branch temporary read under the same test
+    "one_branch_tensor_test": (
+        """import torch
+
+
+def f(x, w):
+    h = x * w
+    if h.mean() > 0:
+        s = torch.sigmoid(h)
+        h = h * s
+    def backward(g):
+        if (x * w).mean() > 0:
+            g = g * (s + (x * w) * s * (1 - s))
+        return g * w, g * x
+    return h * 1.0, backward
+""",
+        [(2, 3), (3,)],
+    ),
+    # integer output first, promoted temporary, broadcast w
+    "index_first_promoted": (
+        """import torch
+
+
+def f(x, w):
+    h = torch.exp(x * w)
+    v, i = torch.topk(h, 2, -1)
+    def backward(gv):
+        gh = torch.zeros_like(h).scatter(-1, i, gv) * h
+        return gh * w, gh * x
+    return i, v, backward
+""",
+        [(2, 4), (4,)],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PASSING))
+def test_neighbours(tmp_path, case):
+    source, shapes = PASSING[case]
+    closures, generated = _modules(tmp_path, source, f"neighbour_{case}")
+    gen = torch.Generator().manual_seed(0)
+    _check(
+        closures,
+        generated,
+        "f",
+        [torch.randn(s, dtype=F64, generator=gen) for s in shapes],
+    )
