@@ -602,11 +602,12 @@ def _compiled(function: Any, differentiable: bool = False, strict: bool = False)
 
         try:
             try:
-                return call()
+                with _floats_specialized():
+                    return call()
             except Exception as error:
                 if type(error).__name__ != "FailOnRecompileLimitHit":
                     raise
-                with _recompiles():  # room for more graphs, only when asked for
+                with _recompiles(), _floats_specialized():  # room for more graphs
                     return call()
         except Exception as error:
             if not type(error).__module__.startswith(
@@ -616,7 +617,8 @@ def _compiled(function: Any, differentiable: bool = False, strict: bool = False)
             result = function(*args, **kwargs)  # the user's own error raises here
             if type(error).__name__ == "FailOnRecompileLimitHit":
                 warnings.warn(
-                    f"`{function.__name__}`: too many shapes; eager from here on",
+                    f"`{function.__name__}`: too many shapes or numbers to compile; "
+                    "eager from here on",
                     stacklevel=2,
                 )
             elif strict:
@@ -627,6 +629,18 @@ def _compiled(function: Any, differentiable: bool = False, strict: bool = False)
             return result
 
     return run
+
+
+def _floats_specialized() -> Any:
+    """Dynamo's setting under which a Python float argument is a constant of the
+    graph, which a new value recompiles (up to torch's limit, then eager), not a
+    symbolic input: inductor computes `g * x ** g` wrongly, silently, for a symbolic
+    float `g` (torch 2.13; a focal loss's `gamma` from its third value on). Private
+    torch API, else as is."""
+    try:
+        return torch._dynamo.config.patch(specialize_float=True)
+    except (AttributeError, KeyError):
+        return contextlib.nullcontext()
 
 
 def _copy(function: Any) -> Any:
