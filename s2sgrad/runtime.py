@@ -519,13 +519,20 @@ class _FirstOrder:
                 raise RuntimeError(message)
             with torch.no_grad():
                 found = backward(ctx, *grads)
-            if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+            if not torch.is_grad_enabled():
                 return found
             if _base_apply is not None and _transforms_active():
                 return found  # nesting them is refused where the op runs: _apply
+            tracked = [t for t in tensors if t.requires_grad]  # the edges back
+            if not tracked:
+                if any(ctx.needs_input_grad):
+                    # `create_graph=True`, and nothing this backward reads leads back
+                    # to the inputs: the gradients it returns would be constants, and
+                    # a gradient penalty on them silently lose its second-order term.
+                    raise RuntimeError(message)
+                return found
             several = isinstance(found, tuple)
             found = found if several else (found,)
-            tracked = [t for t in tensors if t.requires_grad]  # the edges back
             refused = _Refuse.apply(message, len(found), *found, *tracked)  # type: ignore[no-untyped-call]
             return refused if several else refused[0]
 

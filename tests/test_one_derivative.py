@@ -57,6 +57,16 @@ def softplus_squared(x: torch.Tensor, w: torch.Tensor):
         gt = g * 2 * t * torch.sigmoid(x * w)
         return gt * w, (gt * x).sum_to_size(w.shape)
     return t ** 2, backward
+
+
+def logsumexp(x: torch.Tensor):
+    \"\"\"Backward reads saved temporaries only: nothing it reads requires grad.\"\"\"
+    m = x.max(-1, keepdim=True).values
+    e = torch.exp(x - m)
+    s = e.sum(-1, keepdim=True)
+    def backward(grad):
+        return grad.unsqueeze(-1) * e / s
+    return (m + torch.log(s)).squeeze(-1), backward
 """
 
 F64 = torch.float64
@@ -214,6 +224,27 @@ def test_first_order_policy_refuses_every_second_order_use(first_order, use):
         RuntimeError, match="`softplus_squared` was converted with policy=first-order"
     ):
         thunk()
+
+
+@pytest.mark.parametrize("use", ["double backward", "gradient penalty"])
+def test_first_order_refuses_where_nothing_backward_reads_requires_grad(
+    first_order, use
+):
+    """logsumexp's backward reads `e` and `s` only, saved without grad: the gradient it
+    returned under `create_graph=True` was a constant, and a gradient penalty silently
+    lost its second-order term (off by 0.14). There is no edge to hang the refusal on,
+    so the backward itself refuses."""
+    op = first_order["logsumexp"]
+    x = torch.randn(3, 4, dtype=F64, requires_grad=True)
+    with pytest.raises(
+        RuntimeError, match="`logsumexp` was converted with policy=first-order"
+    ):
+        out = op(x)
+        (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        loss = (g**2).sum() if use == "double backward" else out.sum() + (g**2).sum()
+        torch.autograd.grad(loss, x)
+    (g,) = torch.autograd.grad(op(x).sum(), x)  # a first derivative still works
+    torch.testing.assert_close(g, torch.softmax(x, -1).detach())
 
 
 def test_first_order_policy_answers_first_derivatives(first_order):
