@@ -15,9 +15,13 @@ same kind, so that the closure itself is checked in both shapes too.
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any, cast
 
 import torch
@@ -194,3 +198,25 @@ def function(text: str, name: str) -> str:
     found = re.search(rf"^def {name}\(.*?(?=^(?:def |class )|\Z)", text, re.S | re.M)
     assert found is not None, name
     return found.group(0)
+
+
+def import_pair(
+    folder: Path, source: str, module: str, **options: Any
+) -> tuple[ModuleType, ModuleType]:
+    """Write `source` as `module.py` and its conversion as `module_grad.py` in `folder`
+    and import both, as a user's package would (helpers the op imports from the
+    closure's module resolve)."""
+    from s2sgrad import transform
+
+    (folder / f"{module}.py").write_text(source)
+    text = transform(source, f"{module}.py", module, **options)
+    (folder / f"{module}_grad.py").write_text(text)
+    sys.path.insert(0, str(folder))
+    try:
+        for name in (module, f"{module}_grad"):
+            sys.modules.pop(name, None)
+        return importlib.import_module(module), importlib.import_module(
+            f"{module}_grad"
+        )
+    finally:
+        sys.path.remove(str(folder))

@@ -13,32 +13,16 @@ temporary (`h = xs[0] * w`) crashed every call (`xs.device`); a differentiator w
 
 from __future__ import annotations
 
-import importlib
 import random
-import sys
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from oracle import assert_same, derivatives, leaves
+from oracle import assert_same, derivatives, import_pair, leaves
 
 from s2sgrad import transform
 from s2sgrad.diagnostics import TransformError
 
 F64 = torch.float64
-
-
-def _modules(tmp_path: Path, source: str, name: str) -> tuple[Any, Any]:
-    (tmp_path / f"{name}.py").write_text(source)
-    (tmp_path / f"{name}_grad.py").write_text(transform(source, f"{name}.py", name))
-    sys.path.insert(0, str(tmp_path))
-    try:
-        for n in (name, f"{name}_grad"):
-            sys.modules.pop(n, None)
-        return importlib.import_module(name), importlib.import_module(f"{name}_grad")
-    finally:
-        sys.path.remove(str(tmp_path))
 
 
 def _check(closures, generated, fn, values, rest=(), seed=None):
@@ -225,7 +209,7 @@ def f(x, w):
         return gh * w, gh * x
     return y, backward
 """
-    closures, generated = _modules(tmp_path, source, "pyrandom_branch")
+    closures, generated = import_pair(tmp_path, source, "pyrandom_branch")
     gen = torch.Generator().manual_seed(0)
     values = [torch.randn(s, dtype=F64, generator=gen) for s in ((2, 3), (3,))]
     for seed in range(4):
@@ -255,7 +239,7 @@ def f(xs: List[torch.Tensor], w):
 def test_a_list_parameter_indexed_in_a_promoted_temporary(tmp_path, n):
     """`xs[0]` has no rule (it is an element of a list, not one tensor indexed): the
     temporary is recomputed, right at every order, instead of `xs.device` crashing."""
-    closures, generated = _modules(tmp_path, LIST_INDEXED, f"list_indexed_{n}")
+    closures, generated = import_pair(tmp_path, LIST_INDEXED, f"list_indexed_{n}")
     gen = torch.Generator().manual_seed(0)
     values = [torch.randn(2, 3, dtype=F64, generator=gen) for _ in range(n)]
     values.append(torch.rand(3, dtype=F64, generator=gen) + 0.5)
@@ -343,7 +327,7 @@ def f(x, w):
 @pytest.mark.parametrize("case", sorted(PASSING))
 def test_neighbours(tmp_path, case):
     source, shapes = PASSING[case]
-    closures, generated = _modules(tmp_path, source, f"neighbour_{case}")
+    closures, generated = import_pair(tmp_path, source, f"neighbour_{case}")
     gen = torch.Generator().manual_seed(0)
     _check(
         closures,

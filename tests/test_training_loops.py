@@ -13,10 +13,9 @@ import sys
 
 import pytest
 import torch
-from oracle import assert_same, derivatives, leaves
+from oracle import assert_same, derivatives, import_pair, leaves
 from torch.func import grad, hessian, jacfwd, jacrev, vmap
 
-from s2sgrad import transform
 from s2sgrad.testing import check_gradients
 
 F64 = torch.float64
@@ -100,17 +99,7 @@ def logsumexp(x):
 
 
 def _load(tmp_path, name, **options):
-    (tmp_path / f"{name}.py").write_text(RULES)
-    (tmp_path / f"{name}_grad.py").write_text(
-        transform(RULES, f"{name}.py", name, **options)
-    )
-    sys.path.insert(0, str(tmp_path))
-    try:
-        for n in (name, f"{name}_grad"):
-            sys.modules.pop(n, None)
-        return importlib.import_module(name), importlib.import_module(f"{name}_grad")
-    finally:
-        sys.path.remove(str(tmp_path))
+    return import_pair(tmp_path, RULES, name, **options)
 
 
 def r(*shape):
