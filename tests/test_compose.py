@@ -653,3 +653,59 @@ def test_a_promoted_result_of_a_sibling_that_draws_is_refused():
     (diagnostic,) = error.value.diagnostics
     assert (diagnostic.code, diagnostic.line, diagnostic.column) == ("S2S121", 13, 9)
     assert "`drop` draws random numbers (`rand_like`)" in diagnostic.message
+
+
+CHOSEN_ARGUMENT = """
+import torch
+
+
+def inner(x, w):
+    t = torch.tanh(x * w)
+    def backward(g):
+        d = g * (1 - t * t)
+        return d * w, d * x
+    return t, backward
+
+
+def outer(x, w, flag: bool):
+    y, back = inner(-x if flag else x, w)
+    z = y * y
+    def backward(g):
+        gx, gw = back(2 * g * y)
+        return (-gx if flag else gx), gw, None
+    return z, backward
+
+
+def in_branches(x, w, flag: bool):
+    if flag:
+        y, back = inner(-x, w)
+    else:
+        y, back = inner(x, w)
+    def backward(g):
+        gx, gw = back(g)
+        return (-gx if flag else gx), gw, None
+    return y, backward
+"""
+
+
+def test_a_closure_kept_from_one_of_two_branches_points_to_choosing_the_argument():
+    """Two calls in the branches of an `if` binding one name are S2S120 (which one
+    backward reads depends on how forward ran); the hint gives the form that works,
+    one call whose argument is chosen, and that form is right at orders 1 to 3."""
+    source = CHOSEN_ARGUMENT.replace("def outer", "def _unused_outer")
+    with pytest.raises(TransformError) as error:
+        transform(source, "chosen.py", "chosen")
+    (diagnostic,) = error.value.diagnostics
+    assert (diagnostic.code, diagnostic.line) == ("S2S120", 26)
+    assert "call `inner` once and choose its arguments" in (diagnostic.hint or "")
+    right = CHOSEN_ARGUMENT[: CHOSEN_ARGUMENT.index("\n\ndef in_branches")] + "\n"
+    closures, generated = closure_and_op(right, transform(right, "chosen.py"), "chosen")
+    for flag in (True, False):
+        values = [torch.randn(2, 3, dtype=F64), torch.randn(3, dtype=F64)]
+        expected = derivatives(
+            lambda *t, flag=flag: closures["outer"](*t, flag)[0], leaves(values)
+        )
+        got = derivatives(
+            lambda *t, flag=flag: generated["outer"](*t, flag), leaves(values)
+        )
+        assert_same(got, expected)

@@ -435,9 +435,10 @@ class _Caller:
         body (there, the last one is what backward reads); or where backward binds
         the differentiator's name to something else."""
         hint = (
-            "keep each closure in a name of its own, bound by one call; several "
-            "calls may bind one name in forward's own body (backward reads the "
-            "last one)"
+            f"call `{callee.name}` once and choose its arguments instead "
+            "(`x if flag else -x`), or keep each closure in a name of its own, bound "
+            "by one call; several calls may bind one name in forward's own body "
+            "(backward reads the last one)"
         )
         targets = {id(_target_of(b)) for b in bindings}
         others = [a.node for a in assignments if id(a.node) not in targets]
