@@ -13,14 +13,24 @@ mixed (tests/oracle.py), in float64, with a parameter broadcast against the batc
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import libcst as cst
 import pytest
 import torch
-from oracle import assert_same, closure_and_op, derivatives, function, leaves
+from oracle import (
+    assert_same,
+    closure_and_op,
+    derivatives,
+    function,
+    import_pair,
+    leaves,
+)
 
 from s2sgrad import transform
 from s2sgrad.autodiff.simplify import first_contributions
@@ -30,6 +40,7 @@ from s2sgrad.options import Options
 from s2sgrad.review.model import review
 
 F64 = torch.float64
+ROOT = Path(__file__).resolve().parent.parent
 
 SOURCE = """
 import torch
@@ -491,3 +502,88 @@ def test_compiled_op_with_a_snapshot_that_a_branch_may_not_rebind(p, fullgraph):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-n", "0", "-q"]))
+
+
+# -- found by an outside probe of the tooling -------------------------------------------
+
+HELPER_IN_A_BRANCH = """
+import torch
+
+
+def helper(h):
+    return torch.sigmoid(h)
+
+
+def gated(x, w, gate: bool = True):
+    h = x * w
+    if gate:
+        s = helper(h)
+        h = s * h
+    def backward(g):
+        gh = g
+        if gate:
+            gh = g * (s + s * (1 - s) * (x * w))
+        return gh * w, gh * x, None
+    return h * 1.0, backward
+"""
+
+
+@pytest.mark.parametrize("policy", ["promote", "recompute"])
+@pytest.mark.parametrize("gate", [True, False])
+def test_a_recomputed_value_bound_in_one_branch_is_none_on_the_other_path(
+    tmp_path, policy, gate
+):
+    """`s` comes from a helper (no rule: recomputed), bound under `if gate:` only: the
+    recompute function returned it unbound where `gate` is False (UnboundLocalError
+    in every backward). It is None there now, as in forward's context."""
+    closures, generated = import_pair(
+        tmp_path, HELPER_IN_A_BRANCH, f"helper_branch_{policy}", policy=policy
+    )
+    values = inputs(((2, 3), (3,)))
+    expected = derivatives(lambda *t: closures.gated(*t, gate)[0], leaves(values))
+    got = derivatives(lambda *t: generated.gated(*t, gate), leaves(values))
+    assert_same(got, expected)
+
+
+EARLY_RETURN = """
+import torch
+
+
+def not_test(x, w, on: bool = False):
+    h = x * w
+    if not on:
+        s = h.exp()
+        h = s
+    def backward(g):
+        if not on:
+            return g * s * w, g * s * x, None
+        return g * w, g * x, None
+    return h * 1.0, backward
+"""
+
+
+def test_a_closure_with_several_returns_kept_nested_is_typed(tmp_path):
+    """The closure kept as a nested function (several returns) was an unannotated
+    `def backward(g):`, which mypy --strict refuses (no-untyped-def, no-untyped-call).
+    """
+    text = transform(EARLY_RETURN, "early.py", "early")
+    assert "def backward(g: Any) -> Any:" in text
+    (tmp_path / "early_grad.py").write_text(text)
+    typed = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
+         "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
+         str(tmp_path / "early_grad.py")],
+        cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "MYPYPATH": str(ROOT)},
+    )  # fmt: skip
+    assert typed.returncode == 0, typed.stdout + typed.stderr
+    closures, generated = closure_and_op(EARLY_RETURN, text, "early")
+    for on in (True, False):
+        values = inputs(((2, 3), (3,)))
+        expected = derivatives(
+            lambda *t, on=on: closures["not_test"](*t, on)[0], leaves(values)
+        )
+        got = derivatives(
+            lambda *t, on=on: generated["not_test"](*t, on), leaves(values)
+        )
+        assert_same(got, expected)

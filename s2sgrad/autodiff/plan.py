@@ -672,11 +672,20 @@ class Planner:
             version = self.program.final[leaf]
             args.append(self._value_entry(version, leaf, ctx, names))
             entries += ctx.entries[before:]
+        # A value some path through forward leaves unbound (`s`, bound under
+        # `if gate:` only) is None there, as in forward's context: backward reads it
+        # only under the same test.
+        unbound = [
+            cst.parse_statement(f"{name} = None  # unless a branch below binds it\n")
+            for name in dict.fromkeys(t.source for t, _ in recompute)
+            if name in self.program.final
+            and self.program.final[name].id in self.program.partial
+        ]
         return Recompute(
             function=names.fresh(f"{self.diff.name}_recompute"),
             params=tuple(params + leaves),
             args=tuple(args),
-            statements=tuple(statements),
+            statements=(*unbound, *statements),
             returns=tuple(t.source for t, _ in recompute),
             targets=tuple(t.name for t, _ in recompute),
             reasons=tuple(f"`{t.name}`: {why}" for t, why in recompute),

@@ -183,7 +183,20 @@ def _nested(
     """Keep a closure with several returns as a nested function and call it."""
     diff = record.source
     name = diff.backward.name.value
-    nested = diff.backward.with_changes(body=cst.IndentedBlock(user), leading_lines=[])
+    # Typed as the closure wrote it, untyped: `Any` in, `Any` out (mypy --strict
+    # refuses an unannotated def; the gradients it gets may be lists).
+    params = diff.backward.params.with_changes(
+        params=[
+            p.with_changes(annotation=p.annotation or cst.Annotation(cst.Name("Any")))
+            for p in diff.backward.params.params
+        ]
+    )
+    nested = diff.backward.with_changes(
+        params=params,
+        returns=diff.backward.returns or cst.Annotation(cst.Name("Any")),
+        body=cst.IndentedBlock(user),
+        leading_lines=[],
+    )
     call = f"{name}({', '.join(diff.grad_params)})"
     n = len(results)
     targets = ", ".join(r if r != "None" else "_" for r in results)
