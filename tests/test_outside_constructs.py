@@ -335,3 +335,45 @@ def test_neighbours(tmp_path, case):
         "f",
         [torch.randn(s, dtype=F64, generator=gen) for s in shapes],
     )
+
+
+# -- an output that is the constant None -----------------------------------------------
+
+NONE_OUTPUT = """import torch
+
+
+def flat(x):
+    v, i = torch.topk(x, 2)
+    def backward(gv):
+        return torch.zeros_like(x).scatter(-1, i, gv)
+    return v, None, backward
+
+
+def nested(x):
+    v = x * 2.0
+    def backward(g_none, gv):
+        return gv * 2.0
+    return (None, v), backward
+"""
+
+
+def test_an_output_that_is_none_converts_and_is_right(tmp_path):
+    """`return v, None, backward` was an internal error: the Function unpacked its
+    outputs into a variable named `None` (`v, None = output`)."""
+    closures, generated = import_pair(tmp_path, NONE_OUTPUT, "none_output")
+    x = torch.randn(2, 4, dtype=F64)
+    v, nothing = generated.flat(x)
+    assert nothing is None
+    assert generated.nested(x)[0] is None
+
+    def pick(out):
+        return out[0] if out[0] is not None else out[1]
+
+    for name in ("flat", "nested"):
+        expected = derivatives(
+            lambda t, name=name: pick(getattr(closures, name)(t)[:-1]), leaves([x])
+        )
+        got = derivatives(
+            lambda t, name=name: pick(getattr(generated, name)(t)), leaves([x])
+        )
+        assert_same(got, expected)

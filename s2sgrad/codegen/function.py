@@ -63,6 +63,9 @@ CTX_API = frozenset(
     }
 )
 
+#: Names that are values, not variables: an output `None` is named like any expression.
+_CONSTANTS = frozenset({"None", "True", "False"})
+
 
 def uses_save_helpers(record: Differentiated) -> bool:
     """Whether the context needs `_save`/`_saved`: a kind known only at run time, or
@@ -205,7 +208,7 @@ class FunctionWriter:
         found = []
         for i, node in enumerate(self.diff.outputs):
             value = self.record.outputs[i] if i < len(self.record.outputs) else BOTTOM
-            if isinstance(node, cst.Name):
+            if isinstance(node, cst.Name) and node.value not in _CONSTANTS:
                 var = (
                     node.value
                     if node.value not in params
@@ -218,7 +221,9 @@ class FunctionWriter:
                 var = alloc.fresh(
                     "result" if not self.diff.tuple_result else f"output_{i}"
                 )
-                aliased = may_return_self(node, self.diff.qualified_names)
+                aliased = not isinstance(node, cst.Name) and may_return_self(
+                    node, self.diff.qualified_names
+                )
             form = value.form if value.form in ("list", "tuple") else "tuple"
             tensor = (
                 True
