@@ -220,3 +220,22 @@ def import_pair(
         )
     finally:
         sys.path.remove(str(folder))
+
+
+def mypy_strict(folder: Path, filename: str, text: str) -> str:
+    """Write a generated module into `folder` and type-check it as a user's project
+    would (`mypy --strict`, s2sgrad.runtime found through MYPYPATH); mypy's report,
+    empty when clean."""
+    import os
+    import subprocess
+
+    (folder / filename).write_text(text)
+    root = Path(__file__).resolve().parent.parent
+    typed = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
+         "--no-incremental", "--cache-dir", str(folder / "cache"),
+         str(folder / filename)],
+        cwd=folder, capture_output=True, text=True,
+        env={**os.environ, "MYPYPATH": str(root)},
+    )  # fmt: skip
+    return "" if typed.returncode == 0 else typed.stdout + typed.stderr

@@ -13,9 +13,7 @@ mixed (tests/oracle.py), in float64, with a parameter broadcast against the batc
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from oracle import (
     function,
     import_pair,
     leaves,
+    mypy_strict,
 )
 
 from s2sgrad import transform
@@ -568,15 +567,7 @@ def test_a_closure_with_several_returns_kept_nested_is_typed(tmp_path):
     """
     text = transform(EARLY_RETURN, "early.py", "early")
     assert "def backward(g: Any) -> Any:" in text
-    (tmp_path / "early_grad.py").write_text(text)
-    typed = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
-         "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
-         str(tmp_path / "early_grad.py")],
-        cwd=tmp_path, capture_output=True, text=True,
-        env={**os.environ, "MYPYPATH": str(ROOT)},
-    )  # fmt: skip
-    assert typed.returncode == 0, typed.stdout + typed.stderr
+    assert mypy_strict(tmp_path, "early_grad.py", text) == ""
     closures, generated = closure_and_op(EARLY_RETURN, text, "early")
     for on in (True, False):
         values = inputs(((2, 3), (3,)))

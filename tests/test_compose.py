@@ -14,7 +14,6 @@ gradgradcheck. What cannot be honoured is a located error: one test per kind.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -23,7 +22,14 @@ from typing import Any
 
 import pytest
 import torch
-from oracle import assert_same, closure_and_op, derivatives, function, leaves
+from oracle import (
+    assert_same,
+    closure_and_op,
+    derivatives,
+    function,
+    leaves,
+    mypy_strict,
+)
 
 from s2sgrad import transform
 from s2sgrad.diagnostics import Diagnostic, TransformError
@@ -263,15 +269,7 @@ def test_the_generated_module_passes_ruff(text):
 
 
 def test_the_generated_module_passes_mypy_strict(text, tmp_path):
-    (tmp_path / "composed_grad.py").write_text(text)
-    typed = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
-         "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
-         str(tmp_path / "composed_grad.py")],
-        cwd=tmp_path, capture_output=True, text=True,
-        env={**os.environ, "MYPYPATH": str(ROOT)},
-    )  # fmt: skip
-    assert typed.returncode == 0, typed.stdout + typed.stderr
+    assert mypy_strict(tmp_path, "composed_grad.py", text) == ""
 
 
 def test_comments_and_the_header_quote_the_source_as_written(text):
