@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 import libcst as cst
@@ -39,7 +38,6 @@ from s2sgrad.options import Options
 from s2sgrad.review.model import review
 
 F64 = torch.float64
-ROOT = Path(__file__).resolve().parent.parent
 
 SOURCE = """
 import torch
