@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import cases  # noqa: E402
-from benchmarks.per_call import _time  # noqa: E402
+from benchmarks.per_call import best_of  # noqa: E402
 
 
 def _split(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[int], Any]:
@@ -91,13 +91,8 @@ def measure(
     rows = []
     for module, name in sorted(cases.FACTORIES):
         variants = _variants(module, name, size)
-        best = {k: float("inf") for k in variants}
-        for _ in range(rounds):
-            for key, fn in variants.items():
-                best[key] = min(best[key], _time(fn, min_run_time))
-        rows.append(
-            {"name": f"{module}.{name}", **{k: v * 1e6 for k, v in best.items()}}
-        )
+        best = best_of(variants, rounds, min_run_time)
+        rows.append({"name": f"{module}.{name}", **best})
     ratios = [r["transpose"] / r["forward"] for r in rows if "forward" in r]
     return {
         "size": size,

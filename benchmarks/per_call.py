@@ -42,6 +42,18 @@ def _time(fn: Any, min_run_time: float) -> float:
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
+def best_of(
+    variants: dict[str, Any], rounds: int, min_run_time: float
+) -> dict[str, float]:
+    """Each variant's best median time in microseconds over `rounds` interleaved
+    rounds (interleaved, so that drift on the machine touches every variant)."""
+    best = {k: float("inf") for k in variants}
+    for _ in range(rounds):
+        for key, fn in variants.items():
+            best[key] = min(best[key], _time(fn, min_run_time))
+    return {k: v * 1e6 for k, v in best.items()}
+
+
 def _variants(
     op: Any, forward: Any, args: list[Any], kwargs: dict[str, Any], runtime: Any
 ) -> dict[str, Any]:
@@ -78,13 +90,8 @@ def measure(rounds: int = 3, min_run_time: float = 0.05) -> dict[str, Any]:
         op = getattr(generated, name)
         forward = getattr(generated, f"{name}_forward")
         variants = _variants(op, forward, args, kwargs, s2sgrad.runtime)
-        best = {k: float("inf") for k in variants}
-        for _ in range(rounds):
-            for key, fn in variants.items():
-                best[key] = min(best[key], _time(fn, min_run_time))
-        rows.append(
-            {"name": f"{module}.{name}", **{k: v * 1e6 for k, v in best.items()}}
-        )
+        best = best_of(variants, rounds, min_run_time)
+        rows.append({"name": f"{module}.{name}", **best})
     return {
         "rows": rows,
         "median_op_overhead_us": statistics.median(r["op"] - r["math"] for r in rows),

@@ -579,8 +579,7 @@ class _Caller:
                 if (
                     isinstance(receiver, cst.Name)
                     and receiver.value == name
-                    and method.endswith("_")
-                    and not method.startswith("_")
+                    and opfacts.is_inplace(method)
                 ):
                     found.append(node)
             targets: list[cst.BaseExpression] = []
