@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import dataclass
 
 #: Bumped only when the generated text changes for the same input.
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11
 HASH_MARK = "# s2sgrad-source-sha256: "
 FORMAT_MARK = "# s2sgrad-format: "
 #: The header is this many lines, then the body.

@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 #: The formats of generated code this runtime serves (s2sgrad/header.py writes them).
-FORMATS = range(9, 11)
+FORMATS = range(9, 12)
 
 Context = tuple[Any, ...]  # what f_forward hands to f_backward
 Grad = Tensor | None  # None stands for a gradient of zeros
@@ -210,6 +210,10 @@ try:  # private torch API; another torch takes Function.apply as is
     _any_autocast: Any = torch._C._is_any_autocast_enabled
 except (ImportError, AttributeError, KeyError):
     _base_apply = None
+#: torch's own `Function.apply`, which `_Function` overrides, as a plain function.
+_function_apply: Any = getattr(
+    getattr(torch.autograd.Function, "apply", None), "__func__", None
+)
 _JVP = "s2sgrad jvp"  # the ctx attribute of forward mode, no name of the user's
 #: Set while torch.func or forward mode differentiates the op: its Function's forward
 #: sees the inputs without their `requires_grad`, so `_requires_grad` answers for them.
@@ -218,13 +222,34 @@ _unpack_dual: Any = forward_ad.unpack_dual
 _make_dual: Any = forward_ad.make_dual
 
 
+class _Function(torch.autograd.Function):
+    """The base of every generated Function. Its forward, setup_context and backward
+    are plain torch code, so torch derives its vmap rule from forward. One whose
+    backward takes a single gradient leaves autograd to materialize an absent one as
+    zeros; the others call `ctx.set_materialize_grads(False)` in setup_context, so that
+    an absent gradient arrives as None and costs nothing. Its `apply` is `_apply`'s:
+    under torch.compile, dynamo takes it for torch's own, as it takes every `apply`."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Context, output: Any) -> None:
+        """Keep nothing (a Function whose backward reads no context)."""
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            args = inspect.signature(cls.forward).bind(*args, **kwargs).args
+        return _apply(cls, *args)
+
+
 def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
     """`function.apply(*args)`, with a `jvp` where forward mode may ask for one."""
     try:
         if torch.compiler.is_compiling():  # which traces no custom jvp
             return function.apply(*args)  # type: ignore[no-untyped-call]
         if _base_apply is None:
-            return _with_jvp(function).apply(*args)
+            return _torch_apply(_with_jvp(function), *args)
         transforms = _transforms_active()
         if transforms and "first_order" in vars(function.backward):
             _refuse_nesting(function)
@@ -232,17 +257,22 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
         if not transforms and not dual:
             if not _any_autocast():
                 return _base_apply.__get__(None, function)(*_unwrap(args))
-            return _with_jvp(function).apply(*args)  # backward as forward ran
+            return _torch_apply(_with_jvp(function), *args)  # backward as forward ran
         token = _differentiating.set(True)
         try:
             if transforms and _jvp_over_jvp(function):
                 return _peeled(function, args)
-            return _with_jvp(function).apply(*args)
+            return _torch_apply(_with_jvp(function), *args)
         finally:
             _differentiating.reset(token)
     except (TypeError, AttributeError) as error:
         _number_for_tensor(function, args, error)
         raise
+
+
+def _torch_apply(function: Any, *args: Any) -> Any:
+    """torch's own `Function.apply` of `function` (which `_Function` overrides)."""
+    return _function_apply(function, *args)
 
 
 def _requires_grad(tensor: Tensor) -> bool:
@@ -302,7 +332,7 @@ def _peeled(function: type[torch.autograd.Function], args: tuple[Any, ...]) -> A
     pairs = [_unpack_dual(a) if isinstance(a, Tensor) else None for a in args]
     primals = [a if p is None else p.primal for a, p in zip(args, pairs, strict=True)]
     tangents = tuple(None if p is None else p.tangent for p in pairs)
-    output = _with_jvp(function).apply(*primals)
+    output = _torch_apply(_with_jvp(function), *primals)
     if all(t is None for t in tangents):
         return output
     ctx = _Context()
@@ -389,8 +419,13 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
         ctx.save_for_backward(*saved)
         ctx.save_for_forward(*saved)
         setattr(ctx, _JVP, _layout(inputs, output))
+        # An input without a tangent stays None: forward mode differentiates the
+        # others only (`_transposed`). Backward then skips what gets no gradient.
+        ctx.set_materialize_grads(False)
 
     def backward(ctx: Any, *grads: Grad) -> Any:
+        if all(g is None for g in grads):
+            return (None,) * len(ctx.needs_input_grad)
         with _autocast_as(getattr(ctx, _JVP)[3]):
             return function.backward(_Kept(ctx), *grads)
 
@@ -399,7 +434,9 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
             return _distinct(_transposed(function, ctx, tangents), tangents)
 
     methods = (forward, setup_context, backward, jvp)
-    own = {method.__name__: staticmethod(method) for method in methods}
+    own: dict[str, Any] = {m.__name__: staticmethod(m) for m in methods}
+    # torch's, not `_Function.apply`, which would come back here
+    own["apply"] = classmethod(_function_apply)
     return type(function.__name__, (function,), own)
 
 

@@ -38,17 +38,18 @@ def generated(request):
 
 
 class _Counted:
-    """Count calls of `Function.apply` on one Function class."""
+    """Count the runtime's calls of torch's own `Function.apply` (`_torch_apply`) on
+    one Function class or a subclass of it (forward mode's)."""
 
-    def __init__(self, monkeypatch, function):
+    def __init__(self, monkeypatch, runtime, function):
         self.calls = 0
-        original = function.apply
+        original = runtime["_torch_apply"]
 
-        def apply(*args):
-            self.calls += 1
-            return original(*args)
+        def apply(cls, *args):
+            self.calls += issubclass(cls, function)
+            return original(cls, *args)
 
-        monkeypatch.setattr(function, "apply", apply)
+        monkeypatch.setitem(runtime, "_torch_apply", apply)
 
 
 def _inputs():
@@ -63,7 +64,7 @@ def _reference(x, y):
 
 def test_fast_path_skips_function_apply_and_keeps_every_order(generated, monkeypatch):
     assert generated["_runtime"]["_base_apply"] is not None
-    counted = _Counted(monkeypatch, generated["ScaleAddFunction"])
+    counted = _Counted(monkeypatch, generated["_runtime"], generated["ScaleAddFunction"])
     x, y = _inputs()
     out = generated["scale_add"](x, y, 3.0)
     assert counted.calls == 0
@@ -75,7 +76,7 @@ def test_fast_path_skips_function_apply_and_keeps_every_order(generated, monkeyp
 
 def test_without_the_private_api_it_is_function_apply(generated, monkeypatch):
     monkeypatch.setitem(generated["_runtime"], "_base_apply", None)
-    counted = _Counted(monkeypatch, generated["ScaleAddFunction"])
+    counted = _Counted(monkeypatch, generated["_runtime"], generated["ScaleAddFunction"])
     x, y = _inputs()
     op = generated["scale_add"]
     assert torch.autograd.gradcheck(lambda a, b: op(a, b, 3.0), (x, y))
@@ -84,7 +85,7 @@ def test_without_the_private_api_it_is_function_apply(generated, monkeypatch):
 
 
 def test_under_torch_func_transforms_it_is_function_apply(generated, monkeypatch):
-    counted = _Counted(monkeypatch, generated["ScaleAddFunction"])
+    counted = _Counted(monkeypatch, generated["_runtime"], generated["ScaleAddFunction"])
     op = generated["scale_add"]
     x, y = (t.detach() for t in _inputs())
     grad_x = torch.func.grad(lambda a: op(a, y, 3.0).sum())(x)
@@ -107,3 +108,54 @@ def test_under_torch_compile_it_is_function_apply(generated):
     gx, gy = torch.autograd.grad(out.sum(), (x, y))
     torch.testing.assert_close(gx, 3.0 * y + 1)
     torch.testing.assert_close(gy, 3.0 * x)
+
+
+def test_apply_takes_arguments_by_name_as_torch_does(generated):
+    function = generated["ScaleAddFunction"]
+    x, y = _inputs()
+    out = function.apply(x, alpha=3.0, y=y)
+    torch.testing.assert_close(out, _reference(x, y))
+    (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    (gy,) = torch.autograd.grad(gx.sum(), y)
+    torch.testing.assert_close(gy, torch.full_like(y, 3.0))
+
+
+NOTHING_KEPT = '''
+import torch
+
+
+def double(x: torch.Tensor):
+    def backward(g):
+        return 2.0 * g
+    return 2.0 * x, backward
+'''
+
+
+@pytest.mark.parametrize("standalone", [False, True])
+def test_a_function_that_keeps_nothing_has_the_base_setup_context(standalone):
+    """No `setup_context` of its own: `_Function`'s keeps nothing, and every mode
+    (orders 1-3, forward mode, vmap, torch.compile) still finds one."""
+    text = transform(NOTHING_KEPT, "t.py", standalone=standalone)
+    assert "def setup_context" not in text.split("class DoubleFunction")[1]
+    namespace: dict[str, object] = {}
+    exec(compile(text, "<generated>", "exec"), namespace)  # noqa: S102
+    op = namespace["double"]
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(op, (x,))
+    assert torch.autograd.gradgradcheck(op, (x,))
+    torch.testing.assert_close(torch.func.jacfwd(op)(x), 2.0 * torch.eye(3).double())
+    torch.testing.assert_close(torch.func.vmap(op)(x.detach()), 2.0 * x.detach())
+    compiled = torch.compile(op, backend="eager", fullgraph=True)
+    (gx,) = torch.autograd.grad(compiled(x).sum(), x)
+    torch.testing.assert_close(gx, torch.full_like(x, 2.0))
+
+
+def test_forward_modes_function_answers_no_gradient_with_nones(generated):
+    """A backward that takes one gradient lets autograd materialize it; forward mode's
+    subclass does not (tangents stay None), so it answers a call with none itself."""
+    variant = generated["_runtime"]["_with_jvp"](generated["ScaleAddFunction"])
+
+    class Ctx:
+        needs_input_grad = (True, True, False)
+
+    assert variant.backward(Ctx(), None) == (None, None, None)

@@ -163,6 +163,8 @@ def _imports(
     typing = sorted(name for name in ("Any", "cast") if name in read)
     if typing:
         extra.append(f"from typing import {', '.join(typing)}")
+    if "torch" in read:
+        extra.append("import torch")
     if types.TENSOR in read:
         extra.append(f"from torch import {types.TENSOR}")
     if "math" not in used and any(_rules_read_math(item) for item in records):

@@ -43,7 +43,7 @@ def import_block(
     library, third-party packages, then the source module's own package; within each,
     `import x` lines before `from x import y` lines, one line per module.
     """
-    plain: set[str] = {"torch"}
+    plain: set[str] = set()
     froms: dict[str, set[str]] = {}
     lines_in = [*extra]
     local: list[str] = []
@@ -101,10 +101,10 @@ def _module_key(module: str) -> str:
 
 def name_key(name: str) -> tuple[int, str]:
     """isort's `order-by-type`: CONSTANTS, then Classes, then functions and values."""
-    bare = name.split(" as ")[0].lstrip("_")
+    bare = name.split(" as ")[0]
     if bare.isupper() and len(bare) > 1:
         kind = 0
-    elif bare[:1].isupper():
+    elif bare[:1].isupper():  # `_Private` is no class to isort: `_` is uncased
         kind = 1
     else:
         kind = 2
