@@ -17,32 +17,35 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import stat
 import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
+import s2sgrad
 from s2sgrad.config import Config, ConfigError, load_config
-from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.header import Origin, up_to_date
-from s2sgrad.options import Options
 from s2sgrad.review.check import status, unified_diff
 from s2sgrad.sources import decode_source, display_path, module_name
 
 if TYPE_CHECKING:
     from concurrent.futures import ProcessPoolExecutor
 
+    from s2sgrad.diagnostics import Diagnostic
+    from s2sgrad.options import Options
     from s2sgrad.review.model import ReviewRecord
 
 # The engine (libcst, black) is imported where a file is converted or reviewed: a
-# `--check` whose outputs are up to date answers from their headers without it.
+# `--check` whose outputs are up to date answers from their headers without it, and is
+# mostly start-up, so it imports little else either. Modules only some paths need
+# (writing, the import hook, an internal error's report) are imported where used. The
+# check reads its settings from `Config`, not `Options`, and reaches diagnostics through
+# the package's lazy `s2sgrad.TransformError` and `s2sgrad.Diagnostic` (an `except`
+# clause looks its class up only when an exception comes): both are dataclasses, and
+# `dataclasses` loads `inspect`.
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 123
 T = TypeVar("T")
@@ -51,8 +54,7 @@ _SKIP_DIRS = {"__pycache__", ".git", ".venv", "venv", "node_modules", "build", "
 _MAX_WORKERS = 60 if sys.platform == "win32" else sys.maxsize
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
     """One selected file and where its output goes."""
 
     source: Path
@@ -62,21 +64,18 @@ class Job:
     explicit: bool
 
 
-@dataclass(frozen=True)
-class Converted:
+class Converted(NamedTuple):
     source: Path
     output: Path
     text: str
 
 
-@dataclass(frozen=True)
-class Failed:
+class Failed(NamedTuple):
     source: Path
     diagnostics: tuple[Diagnostic, ...]
 
 
-@dataclass(frozen=True)
-class Reviewed:
+class Reviewed(NamedTuple):
     source: Path
     records: tuple[ReviewRecord, ...]
 
@@ -90,13 +89,11 @@ def say(args: argparse.Namespace, message: str, level: int = 0) -> None:
         print(message, file=sys.stderr)
 
 
-def _is_generated(path: Path, options: Options) -> bool:
-    return path.stem.endswith(options.suffix)
+def _is_generated(path: Path, suffix: str) -> bool:
+    return path.stem.endswith(suffix)
 
 
-def discover(
-    paths: Sequence[Path], options: Options
-) -> Iterator[tuple[Path, Path | None]]:
+def discover(paths: Sequence[Path], suffix: str) -> Iterator[tuple[Path, Path | None]]:
     """Yield (source, base directory or None for a file argument), sorted per argument."""
     for path in paths:
         if path.is_dir():
@@ -107,16 +104,16 @@ def discover(
                     for part in rel.parts[:-1]
                 ):
                     continue
-                if not _is_generated(file, options):
+                if not _is_generated(file, suffix):
                     yield file, path
         else:
             yield path, None
 
 
 def output_path(
-    source: Path, base: Path | None, out_dir: Path | None, options: Options
+    source: Path, base: Path | None, out_dir: Path | None, suffix: str
 ) -> Path:
-    name = f"{source.stem}{options.suffix}.py"
+    name = f"{source.stem}{suffix}.py"
     if out_dir is None:
         return source.with_name(name)
     if base is None:
@@ -138,16 +135,17 @@ def convert_file(job: Job, options: Options) -> Outcome | None:
             return None
         origin = Origin(shown, module_name(job.source))
         return Converted(job.source, job.output, convert(text, origin, options))
-    except TransformError as exc:
+    except s2sgrad.TransformError as exc:
         return Failed(job.source, exc.diagnostics)
 
 
-def up_to_date_output(job: Job, options: Options) -> Outcome | None:
+def up_to_date_output(job: Job, config: Config) -> Outcome | None:
     """Answer `--check` for one file without converting, or return None to convert it.
 
-    An output whose header says it is what this source and these options give (and
+    An output whose header says it is what this source and these settings give (and
     whose body is what was written) is up to date. Cheap, so it runs in this process
-    before any worker starts: a check of a tree that is up to date starts none.
+    before any worker starts: a check of a tree that is up to date starts none, and
+    builds no `Options`.
     """
     on_disk = _read_text(job.output)
     if on_disk is None:
@@ -155,9 +153,9 @@ def up_to_date_output(job: Job, options: Options) -> Outcome | None:
     shown = display_path(job.source)
     try:
         text = read_source(job.source, shown)
-    except TransformError as exc:
+    except s2sgrad.TransformError as exc:
         return Failed(job.source, exc.diagnostics)
-    if up_to_date(on_disk, shown, text, options.key()):
+    if up_to_date(on_disk, shown, text, config.options_key()):
         return Converted(job.source, job.output, on_disk)
     return None
 
@@ -175,7 +173,7 @@ def review_file(job: Job, options: Options) -> Reviewed | Failed | None:
         origin = Origin(shown, module_name(job.source))
         records = review(text, origin, options, display_path(job.output))
         return Reviewed(job.source, tuple(records))
-    except TransformError as exc:
+    except s2sgrad.TransformError as exc:
         return Failed(job.source, exc.diagnostics)
 
 
@@ -184,8 +182,8 @@ def read_source(source: Path, shown: str) -> str:
     try:
         data = source.read_bytes()
     except OSError as exc:
-        raise TransformError(
-            [Diagnostic("S2S004", f"cannot read: {exc.strerror}", shown, 1, 1)]
+        raise s2sgrad.TransformError(
+            [s2sgrad.Diagnostic("S2S004", f"cannot read: {exc.strerror}", shown, 1, 1)]
         ) from None
     return decode_source(data, shown)
 
@@ -255,19 +253,19 @@ def collect(
     args: argparse.Namespace,
     config: Config,
     handle: Callable[[Job, Options], T | Failed | None],
-    shortcut: Callable[[Job, Options], T | Failed | None] | None = None,
+    shortcut: Callable[[Job, Config], T | Failed | None] | None = None,
 ) -> list[T] | None:
     """Run `handle` on every selected file; None after printing the failures.
 
     `shortcut`, when given, answers a file here first where it can (None: it cannot);
     only the rest go to `handle`, in worker processes under `-j`. Outcomes keep the
-    order of the inputs whichever process made them.
+    order of the inputs whichever process made them. `Options` are built only for
+    `handle`, when it has a file.
     """
-    options = config.options()
-    jobs = select(args, config, options)
-    early = [shortcut(job, options) if shortcut else None for job in jobs]
+    jobs = select(args, config)
+    early = [shortcut(job, config) if shortcut else None for job in jobs]
     rest = [job for job, answer in zip(jobs, early, strict=True) if answer is None]
-    late = iter(run_jobs(handle, rest, options, args.workers))
+    late = iter(run_jobs(handle, rest, config.options(), args.workers) if rest else [])
     found = [next(late) if answer is None else answer for answer in early]
     outcomes = [o for o in found if o is not None]
     failed = [o for o in outcomes if isinstance(o, Failed)]
@@ -285,11 +283,15 @@ def collect(
     return [o for o in outcomes if not isinstance(o, Failed)]
 
 
-def select(args: argparse.Namespace, config: Config, options: Options) -> list[Job]:
+def select(args: argparse.Namespace, config: Config) -> list[Job]:
     """Return a job for every file the arguments name or `[tool.s2sgrad]` selects."""
     return [
-        Job(source, output_path(source, base, config.output_dir, options), base is None)
-        for source, base in discover([Path(p) for p in args.paths], options)
+        Job(
+            source,
+            output_path(source, base, config.output_dir, config.suffix),
+            base is None,
+        )
+        for source, base in discover([Path(p) for p in args.paths], config.suffix)
         if base is None or config.selects(source)
     ]
 
@@ -397,7 +399,7 @@ def convert_stdin(args: argparse.Namespace) -> int:
     try:
         text = decode_source(sys.stdin.buffer.read(), "<stdin>")
         sys.stdout.write(convert(text, Origin("<stdin>", None), options))
-    except TransformError as exc:
+    except s2sgrad.TransformError as exc:
         for diagnostic in exc.diagnostics:
             print(diagnostic.render(), file=sys.stderr)
         return EXIT_ERROR
@@ -444,6 +446,8 @@ def run_review(args: argparse.Namespace) -> int:
         write_atomic(Path(args.html), render_html(records, title))
         say(args, f"wrote {display_path(Path(args.html))}")
         return EXIT_OK
+    import shutil
+
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     width = shutil.get_terminal_size().columns
     from s2sgrad.review.text import render_text
@@ -463,12 +467,12 @@ def run_check(args: argparse.Namespace) -> int:
     from s2sgrad.testing import check_module
 
     counts = {"ok": 0, "wrong": 0, "no examples": 0, "error": 0}
-    sources = [s for s, base in discover([Path(p) for p in args.paths], options)]
+    sources = [s for s, _ in discover([Path(p) for p in args.paths], options.suffix)]
     for source in sources:
         shown = display_path(source)
         try:
             names = differentiator_names(read_source(source, shown), shown)
-        except TransformError as exc:
+        except s2sgrad.TransformError as exc:
             for diagnostic in exc.diagnostics:
                 print(diagnostic.render(), file=sys.stderr)
             return EXIT_ERROR
@@ -478,10 +482,10 @@ def run_check(args: argparse.Namespace) -> int:
         try:
             module = _import_path(source)
             found = check_module(module, names, args.order, options)
-        except (ImportError, ValueError, TransformError) as exc:
+        except (ImportError, ValueError, s2sgrad.TransformError) as exc:
             text = (
                 "\n".join(d.render() for d in exc.diagnostics)
-                if isinstance(exc, TransformError)
+                if isinstance(exc, s2sgrad.TransformError)
                 else f"s2sgrad: error: {shown}: {exc}"
             )
             print(text, file=sys.stderr)
@@ -613,15 +617,13 @@ def _manners(default: object) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from s2sgrad import __version__
-
     parser = argparse.ArgumentParser(
         prog="s2sgrad",
         description="Turn closure-style PyTorch gradient rules into autograd Functions.",
         parents=[_manners(0)],
     )
     parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {__version__}"
+        "--version", action="version", version=f"%(prog)s {s2sgrad.__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     flags = _engine_flags()
@@ -684,8 +686,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the generated op's gradients up to order N (default 2)",
     )
     check_cmd.set_defaults(run=run_check)
-    from s2sgrad.hook import run_command  # the hook imports this module's path helpers
-
     run_cmd = commands.add_parser(
         "run",
         help="run script.py or -m module with the import hook installed "
@@ -698,6 +698,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_cmd.set_defaults(run=run_command)
     return parser
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """`s2sgrad run`: the import hook's command, loaded only to run it."""
+    from s2sgrad.hook import run_command as run_with_hook
+
+    return run_with_hook(args)
 
 
 def _run_manners(args: argparse.Namespace) -> None:
@@ -717,6 +724,9 @@ def _run_manners(args: argparse.Namespace) -> None:
 
 def report_internal_error(exc: BaseException) -> int:
     """Write the traceback to a file and say this is a bug in s2sgrad."""
+    import tempfile
+    import traceback
+
     fd, path = tempfile.mkstemp(prefix="s2sgrad-internal-", suffix=".log")
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write("".join(traceback.format_exception(exc)))

@@ -6,6 +6,9 @@ up from the inputs to the first directory holding `pyproject.toml`, `.git` or `.
 black does). Invariant: every key is known and every value has its type, or
 `ConfigError` names the file and the key; command-line flags are applied on top with
 `Config.override`, never the other way round.
+
+Light on purpose: `convert --check` reads the settings and the digest of the options
+from a `Config`; `Options` (a dataclass, which loads `inspect`) is built only to convert.
 """
 
 from __future__ import annotations
@@ -15,20 +18,16 @@ import fnmatch
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from s2sgrad.options import Compile, Options, Policy
+from s2sgrad.header import options_key
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    try:
-        import tomli as tomllib
-    except ImportError:
-        tomllib = None
+if TYPE_CHECKING:
+    from s2sgrad.options import Compile, Options, Policy
 
+#: The values of `Policy`, in its order (tests/test_check_startup.py pins the two).
+POLICIES = ("promote", "first-order", "recompute")
 TABLE = "[tool.s2sgrad]"
 _ROOT_MARKERS = ("pyproject.toml", ".git", ".hg")
 
@@ -37,8 +36,7 @@ class ConfigError(Exception):
     """A bad `pyproject.toml`: the message names the file and the key."""
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     """Settings of a run: `[tool.s2sgrad]`, then the command line."""
 
     #: The `pyproject.toml` the settings came from, or None for the defaults.
@@ -56,17 +54,26 @@ class Config:
 
     def options(self) -> Options:
         """Return the engine's options: the settings that change generated text."""
-        return Options(
-            policy=self.policy,
-            line_length=self.line_length,
-            suffix=self.suffix,
-            compile=self.compile,
-            standalone=self.standalone,
-        )
+        from s2sgrad.options import Options
+
+        return Options(**self._engine_settings())
+
+    def options_key(self) -> str:
+        """Return `self.options().key()`, without building the options."""
+        return options_key(self._engine_settings())
+
+    def _engine_settings(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "line_length": self.line_length,
+            "suffix": self.suffix,
+            "compile": self.compile,
+            "standalone": self.standalone,
+        }
 
     def override(self, **flags: Any) -> Config:
         """Return a copy with every flag that was given (not None) applied."""
-        return replace(self, **{k: v for k, v in flags.items() if v is not None})
+        return self._replace(**{k: v for k, v in flags.items() if v is not None})
 
     def selects(self, file: Path) -> bool:
         """Tell whether `file`, found in a directory, is one to convert.
@@ -100,7 +107,7 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "include": ("include", list, "a list of strings (globs)"),
     "exclude": ("exclude", list, "a list of strings (globs)"),
 }
-assert {f for f, _, _ in _KEYS.values()} == {f.name for f in fields(Config)} - {"path"}
+assert {f for f, _, _ in _KEYS.values()} == set(Config._fields) - {"path"}
 
 
 def project_root(paths: Sequence[Path]) -> Path:
@@ -120,8 +127,16 @@ def load_config(paths: Sequence[Path]) -> Config:
     if not pyproject.is_file():
         return Config()
     shown = _shown(pyproject)
-    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
-        raise ConfigError(f"{shown}: reading it needs `tomli` on Python 3.10")
+    # Imported only where there is a file to parse: a `--check` is mostly start-up.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise ConfigError(
+                f"{shown}: reading it needs `tomli` on Python 3.10"
+            ) from None
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
@@ -166,8 +181,8 @@ def parse_table(table: object, path: Path, shown: str) -> Config:
 def _checked(key: str, value: Any, shown: str) -> Any:
     """Check the value of `key` beyond its type."""
     problem = None
-    if key == "policy" and value not in get_args(Policy):
-        choices = ", ".join(repr(p) for p in get_args(Policy))
+    if key == "policy" and value not in POLICIES:
+        choices = ", ".join(repr(p) for p in POLICIES)
         problem = f"must be one of {choices}"
     elif key == "line-length" and value < 1:
         problem = "must be a positive integer"

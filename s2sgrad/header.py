@@ -1,15 +1,18 @@
 """What the header of a generated module records, and where the source lives.
 
-Light on purpose (no libcst, no black): the import hook reads headers on every import,
-and `s2sgrad convert --check` answers from them without regenerating. The header names
-the source, its sha256, the format number, the options and a digest of the body, so a
-hand edit of the output is caught as well as a changed source.
+Light on purpose (no libcst, no black, not even dataclasses): the import hook reads
+headers on every import, and `s2sgrad convert --check` answers from them without
+regenerating. The header names the source, its sha256, the format number, the options
+and a digest of the body, so a hand edit of the output is caught as well as a changed
+source.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from typing import NamedTuple
 
 #: Bumped only when the generated text changes for the same input.
 FORMAT_VERSION = 11
@@ -19,12 +22,26 @@ FORMAT_MARK = "# s2sgrad-format: "
 HEADER_LINES = 3
 
 
-@dataclass(frozen=True)
-class Origin:
+class Origin(NamedTuple):
     """Where the source lives: as shown in the header, and as imported."""
 
     display_path: str
     module_name: str | None
+
+
+def options_key(options: Mapping[str, object]) -> str:
+    """Return the digest of the options the header records: `Options.key()`, taken
+    from the fields of `Options` by name, so that `--check` needs no `Options`.
+
+    `compile` and `standalone` count only when on, so outputs written before they
+    existed keep their digest.
+    """
+    fields = dict(options)
+    for flag in ("compile", "standalone"):
+        if not fields[flag]:
+            del fields[flag]
+    text = json.dumps(fields, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def source_hash(source: str) -> str:

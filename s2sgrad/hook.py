@@ -16,7 +16,6 @@ to stderr). The CLI's `run` command lives here too, as it only installs the hook
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import importlib.abc
@@ -35,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType, ModuleType, TracebackType
+from typing import TYPE_CHECKING
 
 import s2sgrad
 from s2sgrad.config import ConfigError, load_config
@@ -43,6 +43,20 @@ from s2sgrad.header import FORMAT_VERSION, HASH_MARK, Origin, source_hash
 from s2sgrad.lines import split_lines
 from s2sgrad.options import Options
 from s2sgrad.sources import display_path, module_name
+
+if TYPE_CHECKING:
+    import argparse
+
+# `find_spec` reads `[tool.s2sgrad]` with `load_config`, which imports its TOML parser
+# only where it finds a file (to keep `convert --check` fast). The hook imports it now:
+# an import made inside `find_spec` would come back to it before it knows its options.
+if sys.version_info >= (3, 11):
+    import tomllib  # noqa: F401
+else:  # pragma: no cover - Python 3.10
+    try:
+        import tomli  # noqa: F401
+    except ImportError:
+        pass
 
 #: Opens every cache entry; bump the number when the entry layout changes.
 ENTRY_MAGIC = b"s2sgrad-cache 1\n"

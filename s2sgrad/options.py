@@ -1,15 +1,16 @@
 """The one frozen options object of a conversion, and its cache key.
 
 Options are plain data: the CLI and the import hook build them (from flags and
-`[tool.s2sgrad]`); the engine only reads them.
+`[tool.s2sgrad]`); the engine only reads them. A dataclass, which loads `inspect`: the
+digest itself lives in `s2sgrad.header`, so that `convert --check` needs neither.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass
 from typing import Literal
+
+from s2sgrad.header import options_key
 
 Policy = Literal["promote", "first-order", "recompute"]
 #: `compile`: off, on (a call torch.compile cannot handle runs eagerly, after one
@@ -31,12 +32,6 @@ class Options:
     standalone: bool = False
 
     def key(self) -> str:
-        """Return a stable digest of every option, for caches. `compile` and
-        `standalone` count only when on, so outputs written before they existed keep
-        their digest."""
-        fields = asdict(self)
-        for flag in ("compile", "standalone"):
-            if not fields[flag]:
-                del fields[flag]
-        text = json.dumps(fields, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        """Return a stable digest of every option, for caches and the header (see
+        `header.options_key`)."""
+        return options_key(asdict(self))

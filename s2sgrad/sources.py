@@ -1,7 +1,8 @@
 """Where a source file lives: its importable name and how it is shown.
 
 Light on purpose (no libcst, no black): the import hook asks these on every import, and
-`s2sgrad convert --check` reads sources with them before it knows it must convert.
+`s2sgrad convert --check` reads sources with them before it knows it must convert. What
+only a bad source needs (its diagnostic, a dataclass) is imported when one is found.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import os
 import re
 from pathlib import Path
 
-from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.lines import split_lines
 
 _CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.MULTILINE)
@@ -43,6 +43,8 @@ def decode_source(data: bytes, path: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        from s2sgrad.diagnostics import Diagnostic, TransformError
+
         before = split_lines(data[: exc.start].decode("utf-8") + "\n")
         line_start = exc.start - len(before[-1].encode("utf-8"))
         text = split_lines(data[line_start:].decode("utf-8", errors="replace"))[0]
