@@ -140,7 +140,12 @@ _FOLDABLE = (
 
 def constant_truth(test: cst.BaseExpression) -> bool | None:
     """Evaluate a test made only of literals (`None is None`, `not True`), else None."""
-    code = cst.Module([]).code_for_node(test)
+    return _truth(cst.Module([]).code_for_node(test))
+
+
+@functools.lru_cache(maxsize=4096)
+def _truth(code: str) -> bool | None:
+    """`constant_truth` of the test written `code` (rules ask the same ones again)."""
     try:
         tree = ast.parse(code.strip(), mode="eval")
     except SyntaxError:

@@ -607,7 +607,6 @@ class Generator:
         self, node: cst.BaseExpression, env: Mapping[str, Version], line: int
     ) -> tuple[Rule, dict[str, cst.BaseExpression]]:
         """Find the rule for `node` and bind its operands to the rule's parameters."""
-        code = cst.Module([]).code_for_node(node)
         if isinstance(node, cst.BinaryOperation):
             key = _OPERATORS.get(type(node.operator))
             positional = [node.left, node.right]
@@ -619,13 +618,17 @@ class Generator:
         elif isinstance(node, cst.Subscript) and _returns_sequence(
             node.value, self.value(node.value, env)
         ):
-            raise NoRule(line, f"`{code}` indexes the tuple a call returns: no rule")
+            raise NoRule(
+                line, f"`{_code(node)}` indexes the tuple a call returns: no rule"
+            )
         elif isinstance(node, cst.Subscript) and (
             self.value(node.value, env).tensor is not True
         ):
             # `xs[0]` of a list of tensors (a list parameter, `x.split(2)`): the rule
             # indexes one tensor, and would read the list's shape and device.
-            raise NoRule(line, f"`{code}` indexes what may not be one tensor: no rule")
+            raise NoRule(
+                line, f"`{_code(node)}` indexes what may not be one tensor: no rule"
+            )
         elif isinstance(node, cst.Subscript):
             key, positional, keywords = (
                 "operator.getitem",
@@ -635,7 +638,7 @@ class Generator:
         elif isinstance(node, cst.Call):
             key, positional, keywords = self._call(node, env, line)
         else:
-            raise NoRule(line, f"no derivative rule for `{code}`")
+            raise NoRule(line, f"no derivative rule for `{_code(node)}`")
         rule = self.registry.rules.get(key or "")
         if rule is None and key == SETITEM and isinstance(node, cst.Call):
             name = cst.Module([]).code_for_node(node.args[0].value)
@@ -643,8 +646,8 @@ class Generator:
                 line, f"an item store `{name}[...] = ...` has no derivative rule"
             )
         if rule is None:
-            raise NoRule(line, f"no derivative rule for `{code}`")
-        return rule, _bind(rule, positional, keywords, line, code)
+            raise NoRule(line, f"no derivative rule for `{_code(node)}`")
+        return rule, _bind(rule, positional, keywords, line, node)
 
     def _call(
         self, node: cst.Call, env: Mapping[str, Version], line: int
@@ -763,9 +766,10 @@ def _bind(
     positional: list[cst.BaseExpression],
     keywords: Mapping[str, cst.BaseExpression],
     line: int,
-    code: str,
+    node: cst.BaseExpression,
 ) -> dict[str, cst.BaseExpression]:
-    """Bind call arguments to a rule's parameters as Python would, varargs included."""
+    """Bind call arguments to a rule's parameters as Python would, varargs included;
+    `node` is the call, for the messages."""
     bound: dict[str, cst.BaseExpression] = {}
     params = list(rule.params)
     if rule.varargs is not None:
@@ -777,7 +781,8 @@ def _bind(
         positional = head
     if len(positional) > len(params):
         raise NoRule(
-            line, f"`{code}` passes more arguments than its rule `{rule.name}` takes"
+            line,
+            f"`{_code(node)}` passes more arguments than its rule `{rule.name}` takes",
         )
     for name, value in zip(params, positional, strict=False):
         bound[name] = value
@@ -785,7 +790,7 @@ def _bind(
         if key not in params or key in bound:
             raise NoRule(
                 line,
-                f"`{code}`: the rule `{rule.name}` has no parameter `{key}` to bind",
+                f"`{_code(node)}`: the rule `{rule.name}` has no parameter `{key}` to bind",
             )
         bound[key] = value
     for name in params:
@@ -793,7 +798,8 @@ def _bind(
             default = rule.defaults.get(name)
             if default is None:
                 raise NoRule(
-                    line, f"`{code}` leaves `{name}` of rule `{rule.name}` unbound"
+                    line,
+                    f"`{_code(node)}` leaves `{name}` of rule `{rule.name}` unbound",
                 )
             bound[name] = default
     return bound
@@ -808,3 +814,8 @@ def callee_name(diff: Differentiator, call: cst.Call) -> str | None:
     if isinstance(func, cst.Attribute):
         return f"torch.Tensor.{func.attr.value}"
     return None
+
+
+def _code(node: cst.CSTNode) -> str:
+    """The source text of `node`, for a message (written only when one is raised)."""
+    return cst.Module([]).code_for_node(node)

@@ -16,7 +16,7 @@ from s2sgrad.autodiff.inline import names_read
 from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import types
 from s2sgrad.codegen.emit import emit
-from s2sgrad.codegen.fmt import format_code
+from s2sgrad.codegen.fmt import cut, definition_starts, format_code
 from s2sgrad.codegen.guard import check_generated
 from s2sgrad.codegen.imports import import_block, name_key
 from s2sgrad.codegen.standalone import runtime
@@ -77,25 +77,54 @@ def generate(
             literals,
             item.source.name in called,
         )
-    code = module(body).code
+    code, starts = _rendered(body)
     read = _names_read(code)
     wanted = read & runtime().names
     if options.standalone:
         runtime_imports, runtime_code = runtime().copy(wanted)
-        code = f"{_STANDALONE}\n\n\n{runtime_code}\n\n\n{code}"
+        before = f"{_STANDALONE}\n\n\n{runtime_code}\n\n\n"
         read |= _names_read(runtime_code)
     else:
         names = ", ".join(sorted(wanted | {"_serves"}, key=name_key))
         runtime_imports = [f"from s2sgrad.runtime import {names}"]
         check = f"_serves({FORMAT_VERSION}, __name__)  # {_FORMAT_NOTE}"
-        code = f"{check}\n\n\n{code}"
+        before = f"{check}\n\n\n"
     imports = _imports(parsed, records, origin, used, read, runtime_imports)
-    formatted = format_code("\n".join(imports) + "\n\n" + code, options.line_length)
+    head = "\n".join(imports) + "\n\n" + before
+    # Cut where the definitions start: the head (imports, the runtime's copy) is
+    # parsed for its own, the generated definitions are not parsed again.
+    below = head.count("\n")
+    starts = definition_starts(head) + [below + start for start in starts]
+    formatted = format_code(cut(head + code, starts), options.line_length)
     text = (
         header(origin.display_path, parsed.source, options.key(), formatted) + formatted
     )
     check_generated(text, options.line_length)
     return text
+
+
+def _rendered(body: list[cst.BaseStatement]) -> tuple[str, list[int]]:
+    """The code of `body` (what its module's `.code` is) and the line indices in it
+    where its top-level definitions start (a decorated one's at its first decorator):
+    each statement is rendered on its own, so where one starts is known without
+    parsing the code."""
+    tree = module(body)
+    code: list[str] = []
+    starts: list[int] = []
+    line = 0
+    for statement in tree.body:
+        text = tree.code_for_node(statement)
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            # The lines above its `def` or `class`, or above its first decorator.
+            above = [*statement.leading_lines]
+            if statement.decorators:
+                above += statement.decorators[0].leading_lines
+            else:
+                above += statement.lines_after_decorators
+            starts.append(line + sum(tree.code_for_node(a).count("\n") for a in above))
+        code.append(text)
+        line += text.count("\n")
+    return "".join(code), starts
 
 
 def _literal(value: cst.BaseExpression) -> bool:

@@ -12,6 +12,10 @@ fixed point of black, the second returns it unchanged, so one pass is the same t
 That it is a fixed point is what the guard checks on everything the tests generate
 (`check_generated(..., fixed_point=True)`, tests/conftest.py), on whole modules with
 `format_whole`, which is black as its users run it.
+
+Code generation writes the module statement by statement, so it knows where the
+definitions start: it hands `format_code` a `Cut`, which is cut there without parsing
+the module again.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import ast
 import functools
 import itertools
+import re
 from collections.abc import Callable, Iterable
 
 import black
@@ -40,8 +45,53 @@ def mode(line_length: int) -> Mode:
 
 
 def format_code(code: str, line_length: int) -> str:
-    """`code` formatted by black, one top-level definition at a time."""
+    """`code` formatted by black, one top-level definition at a time (a `Cut` text is
+    cut where it says, without parsing it)."""
     return format_pieces(_pieces(code), line_length)
+
+
+class Cut(str):
+    """Module text that knows where its top-level definitions start, as `_pieces`
+    finds them with `ast` (`starts`: line indices of each `def` or `class`, or of its
+    first decorator): a caller that wrote the text statement by statement knows that
+    already, and the module need not be parsed again to be cut. Only text that is made
+    of `\\n`-terminated lines is a `Cut` (see `cut`), so that line indices mean the
+    same to `ast` and to `str.splitlines`."""
+
+    starts: tuple[int, ...]
+
+    def __new__(cls, text: str, starts: Iterable[int]) -> Cut:
+        made = super().__new__(cls, text)
+        made.starts = tuple(starts)
+        return made
+
+
+def cut(text: str, starts: Iterable[int]) -> str:
+    """`text` as a `Cut` at `starts`; the plain text (`format_code` parses it) where
+    it holds line breaks other than `\\n`, or a start is not a definition's line."""
+    if _OTHER_BREAKS.search(text) or not text.endswith("\n"):
+        return text
+    made = Cut(text, starts)
+    lines = text.splitlines()
+    if all(0 <= i < len(lines) and lines[i].startswith(_HEADS) for i in made.starts):
+        return made
+    return text
+
+
+#: What else `str.splitlines` breaks lines at (where `ast` may count lines otherwise).
+_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+#: How the first line of a top-level definition starts.
+_HEADS = ("@", "def ", "async ", "class ")
+
+
+def definition_starts(code: str) -> list[int]:
+    """The line indices where `ast` finds the top-level definitions of `code` (a
+    decorated one's first decorator)."""
+    return [
+        min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+        for node in ast.parse(code).body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    ]
 
 
 def format_pieces(pieces: Iterable[str], line_length: int) -> str:
@@ -79,15 +129,15 @@ _format_once: Callable[..., str] = getattr(black, "_format_str_once", black.form
 
 def _pieces(code: str) -> list[str]:
     """`code` cut before each top-level `def` or `class` (its decorators and the
-    comment lines right above it included)."""
+    comment lines right above it included): where a `Cut` says, else where `ast`
+    finds them."""
     lines = code.splitlines(keepends=True)
+    found = code.starts if isinstance(code, Cut) else definition_starts(code)
     starts = []
-    for node in ast.parse(code).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            start = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
-            while start > 0 and lines[start - 1].startswith("#"):
-                start -= 1
-            starts.append(start)
+    for start in found:
+        while start > 0 and lines[start - 1].startswith("#"):
+            start -= 1
+        starts.append(start)
     bounds = [0, *(s for s in starts if s > 0), len(lines)]
     pieces = ["".join(lines[a:b]) for a, b in itertools.pairwise(bounds)]
     return [piece for piece in pieces if piece.strip()]

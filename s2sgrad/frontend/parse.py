@@ -27,7 +27,7 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from s2sgrad.cst import as_statement, findall, walk
+from s2sgrad.cst import as_statement, findall, nodes, walk
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import checks
 from s2sgrad.frontend.locate import Locator
@@ -180,7 +180,11 @@ def _spell_tuple_returns(module: cst.Module) -> cst.Module:
     body = []
     for stmt in module.body:
         finder = _NestedReturns()
-        walk(stmt, finder)
+        if any(
+            isinstance(n, cst.Return) and isinstance(n.value, cst.BinaryOperation)
+            for n in nodes(stmt)
+        ):
+            walk(stmt, finder)  # where it is nested
         body.append(as_statement(stmt.visit(_TupleReturns())) if finder.found else stmt)
     return module.with_changes(body=body)
 
