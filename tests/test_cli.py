@@ -167,3 +167,43 @@ def test_an_existing_output_keeps_its_mode(tmp_path):
     for name in ("ops_grad.py", "ops.html"):
         assert (tmp_path / name).read_text() != "old\n"
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o640, name
+
+
+@pytest.mark.parametrize(
+    ("command", "collects_rarely"),
+    [("convert", True), ("review", True), ("check", False), ("run", False)],
+)
+def test_only_a_converting_command_line_collects_garbage_rarely(
+    tmp_path, command, collects_rarely
+):
+    """convert and review raise the collector's threshold in their own process (it
+    ends when they do); check and run run the user's code, and a caller of `main`
+    keeps its process as it was."""
+    (tmp_path / "ops.py").write_text(GOOD)
+    probe = (
+        "import gc, sys\n"
+        "from s2sgrad import cli\n"
+        f"sys.argv = ['s2sgrad', {command!r}, 'ops.py']\n"
+        "code = cli.main()\n"
+        "print('gc', gc.get_threshold()[0], gc.get_freeze_count() > 0)\n"
+        f"cli.main([{command!r}, 'ops.py'])\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True
+    )
+    threshold, frozen = _gc_line(run.stdout)
+    assert (int(threshold) > 700, frozen == "True") == (collects_rarely,) * 2, run
+    probe = (
+        "import gc\n"
+        "from s2sgrad import cli\n"
+        f"cli.main([{command!r}, 'ops.py'])\n"
+        "print('gc', gc.get_threshold()[0], gc.get_freeze_count())\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert _gc_line(run.stdout) == ["700", "0"], run
+
+
+def _gc_line(out: str) -> list[str]:
+    return next(line.split()[1:] for line in out.splitlines() if line[:3] == "gc ")
