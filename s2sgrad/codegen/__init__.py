@@ -20,7 +20,7 @@ from s2sgrad.codegen.fmt import cut, definition_starts, format_code
 from s2sgrad.codegen.guard import check_generated
 from s2sgrad.codegen.imports import import_block, name_key
 from s2sgrad.codegen.standalone import runtime
-from s2sgrad.cst import bound, module, nodes
+from s2sgrad.cst import as_compound_or_line, bound, module, nodes
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, ParsedModule
 from s2sgrad.header import FORMAT_VERSION, Origin, header
@@ -59,7 +59,7 @@ def generate(
     used = [
         n for item in records for n in item.source.globals_used if n not in siblings
     ]
-    body: list[cst.BaseStatement] = []
+    body: list[cst.BaseStatement | str] = []
     taken = set(parsed.module_names) | {
         name for item in records for name in vars(Names.of(item.source.name)).values()
     }
@@ -103,17 +103,23 @@ def generate(
     return text
 
 
-def _rendered(body: list[cst.BaseStatement]) -> tuple[str, list[int]]:
+def _rendered(body: list[cst.BaseStatement | str]) -> tuple[str, list[int]]:
     """The code of `body` (what its module's `.code` is) and the line indices in it
     where its top-level definitions start (a decorated one's at its first decorator):
     each statement is rendered on its own, so where one starts is known without
-    parsing the code."""
-    tree = module(body)
+    parsing the code. A definition emitted as code (the Function class) is taken as
+    it is, below its blank lines."""
+    tree = module([])
     code: list[str] = []
     starts: list[int] = []
     line = 0
-    for statement in tree.body:
-        text = tree.code_for_node(statement)
+    for statement in body:
+        if isinstance(statement, str):
+            starts.append(line + len(statement) - len(statement.lstrip("\n")))
+            code.append(statement)
+            line += statement.count("\n")
+            continue
+        text = tree.code_for_node(as_compound_or_line(statement))
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             # The lines above its `def` or `class`, or above its first decorator.
             above = [*statement.leading_lines]

@@ -54,9 +54,9 @@ def emit(
     compiled: Compile = False,
     literals: frozenset[str] = frozenset(),
     closure_called: bool = False,
-) -> list[cst.BaseStatement]:
+) -> list[cst.BaseStatement | str]:
     """Emit the definitions of one differentiator (`closure_called`: another's
-    backward calls its closure).
+    backward calls its closure): statements, and the Function class as code.
 
     Calls to other differentiators of the module (`y, _ = g(x)`) become calls to their
     record forward, which returns `(result, ctx)` just as the closure returned

@@ -816,13 +816,13 @@ def function_class(
     handles_none: bool,
     literals: frozenset[str] = frozenset(),
     width: int = 88,
-) -> cst.BaseStatement:
-    """The Function class, as a statement; `literals` are the module's constants whose
-    values are literals (setup_context may read them)."""
+) -> str:
+    """The Function class, as code with the two blank lines above it (written as
+    text, it is never parsed: codegen renders the module statement by statement);
+    `literals` are the module's constants whose values are literals (setup_context
+    may read them)."""
     writer = FunctionWriter(record, names, needs, pair, handles_none, literals, width)
-    text = writer.write()
-    statement = cst.parse_module(text).body[0]
-    return statement.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    return "\n\n" + writer.write()
 
 
 def op_def(
