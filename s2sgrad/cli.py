@@ -311,6 +311,15 @@ def run_jobs(
     cancelled.
     """
     with _pool(min(workers, len(jobs), _MAX_WORKERS)) as pool:
+        if pool is None and len(jobs) == 1 and workers > 1:
+            # One file: its formatting may take the cores the files would have.
+            from s2sgrad.codegen.fmt import PROCESSES
+
+            token = PROCESSES.set(min(workers, _MAX_WORKERS))
+            try:
+                return [handle(jobs[0], options)]
+            finally:
+                PROCESSES.reset(token)
         if pool is None:
             return [handle(job, options) for job in jobs]
         futures = [pool.submit(handle, job, options) for job in jobs]

@@ -234,3 +234,38 @@ def test_the_cli_imports_the_process_pool_only_to_start_one():
         check=True,
     )
     assert run.stdout.strip() == "False"
+
+
+def test_one_large_module_is_formatted_in_processes_to_the_same_bytes(tmp_path):
+    """A single file under `-j 2` has black format its pieces in two forked
+    processes: the module is byte for byte the one `-j 1` writes."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.convert_speed import synthetic_module
+    finally:
+        sys.path.remove(str(ROOT))
+    (tmp_path / "big.py").write_text(synthetic_module(20))
+    outputs = []
+    for workers in ("1", "2"):
+        run = subprocess.run(
+            [sys.executable, "-m", "s2sgrad", "convert", "-j", workers, "--stdout"]
+            + ["big.py"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 0, run.stderr
+        outputs.append(run.stdout)
+    assert outputs[0] == outputs[1]
+    assert outputs[0].count("\nclass ") == 20
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forked processes on Linux only")
+def test_pieces_formatted_in_processes_are_those_formatted_here():
+    from s2sgrad.codegen import fmt
+
+    pieces = [f"def f{i}( x ):\n  return x*{i}\n" for i in range(70)]
+    here = [fmt._format_piece(p, 88) for p in pieces]
+    there = fmt._format_in_processes(pieces, 88, 2)
+    assert there == here
+    assert fmt.format_pieces(pieces, 88) == "\n\n".join(here)

@@ -21,9 +21,11 @@ the module again.
 from __future__ import annotations
 
 import ast
+import contextvars
 import functools
 import itertools
 import re
+import sys
 from collections.abc import Callable, Iterable
 
 import black
@@ -102,7 +104,58 @@ def format_pieces(pieces: Iterable[str], line_length: int) -> str:
     the first definition). A caller that writes the definitions one by one can hand
     them over without the parse that `format_code` needs to cut the module.
     """
-    return "\n\n".join(_format_piece(piece, line_length) for piece in pieces)
+    pieces = list(pieces)
+    formatted = None
+    if PROCESSES.get() > 1 and len(pieces) >= _SPLIT_FROM:
+        formatted = _format_in_processes(pieces, line_length, PROCESSES.get())
+    if formatted is None:
+        formatted = [_format_piece(piece, line_length) for piece in pieces]
+    return "\n\n".join(formatted)
+
+
+#: How many processes may format one module's pieces: the CLI sets it to its `-j`
+#: where it converts a single file in its own process (with several files, each
+#: worker converts one, and formats it alone).
+PROCESSES: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "s2sgrad format processes", default=1
+)
+#: Fewer pieces format faster in this process than processes start.
+_SPLIT_FROM = 64
+
+
+def _format_in_processes(
+    pieces: list[str], line_length: int, processes: int
+) -> list[str] | None:
+    """Each piece formatted as `_format_piece` formats it, in `processes` forked
+    processes (a forked one has black loaded already; a spawned one would load it
+    again, which costs more than it saves), each taking a run of pieces of about
+    equal length; None where no fork is to be had."""
+    if sys.platform != "linux":
+        return None
+    try:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(
+            processes, mp_context=multiprocessing.get_context("fork")
+        )
+    except (ImportError, ValueError, OSError, NotImplementedError):
+        return None
+    total = sum(len(piece) for piece in pieces)
+    runs: list[list[str]] = [[]]
+    done = 0
+    for piece in pieces:
+        if done >= total * len(runs) / processes and len(runs) < processes:
+            runs.append([])
+        runs[-1].append(piece)
+        done += len(piece)
+    with pool:
+        found = pool.map(_format_run, runs, itertools.repeat(line_length))
+        return [text for run in found for text in run]
+
+
+def _format_run(pieces: list[str], line_length: int) -> list[str]:
+    return [_format_piece(piece, line_length) for piece in pieces]
 
 
 def format_whole(code: str, line_length: int) -> str:
