@@ -224,17 +224,11 @@ _make_dual: Any = forward_ad.make_dual
 
 class _Function(torch.autograd.Function):
     """The base of every generated Function. Its forward, setup_context and backward
-    are plain torch code, so torch derives its vmap rule from forward. One whose
-    backward takes a single gradient leaves autograd to materialize an absent one as
-    zeros; the others call `ctx.set_materialize_grads(False)` in setup_context, so that
-    an absent gradient arrives as None and costs nothing. Its `apply` is `_apply`'s:
-    under torch.compile, dynamo takes it for torch's own, as it takes every `apply`."""
+    are plain torch code, so torch derives its vmap rule from forward. Its `apply` is
+    `_apply`'s: under torch.compile, dynamo takes it for torch's own, as it takes
+    every `apply`."""
 
     generate_vmap_rule = True
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: Context, output: Any) -> None:
-        """Keep nothing (a Function whose backward reads no context)."""
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
@@ -247,6 +241,8 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
     """`function.apply(*args)`, with a `jvp` where forward mode may ask for one."""
     try:
         if torch.compiler.is_compiling():  # which traces no custom jvp
+            if issubclass(function, _Function):  # whose `apply` would come back here
+                return _torch_apply(function, *args)  # (a non-strict torch.export)
             return function.apply(*args)  # type: ignore[no-untyped-call]
         if _base_apply is None:
             return _torch_apply(_with_jvp(function), *args)
@@ -321,6 +317,12 @@ def _jvp_over_jvp(function: type[torch.autograd.Function]) -> bool:
             f"`{function.__name__}`: torch.func forward mode over forward mode with "
             "reverse mode inside (jacfwd over jacfwd over grad, say) would lose "
             "second-order tangents of a custom Function; use jacfwd over jacrev"
+        )
+    if keys.count("TransformType.Jvp") > 2:  # one is peeled, the outer two see a jvp
+        raise NotImplementedError(
+            f"`{function.__name__}`: torch.func forward mode three levels deep "
+            "(jacfwd of jacfwd of jacfwd, say) would lose the third-order tangents of "
+            "a custom Function; use reverse mode inside (jacfwd over jacrev over jacrev)"
         )
     return True
 
@@ -419,13 +421,8 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
         ctx.save_for_backward(*saved)
         ctx.save_for_forward(*saved)
         setattr(ctx, _JVP, _layout(inputs, output))
-        # An input without a tangent stays None: forward mode differentiates the
-        # others only (`_transposed`). Backward then skips what gets no gradient.
-        ctx.set_materialize_grads(False)
 
     def backward(ctx: Any, *grads: Grad) -> Any:
-        if all(g is None for g in grads):
-            return (None,) * len(ctx.needs_input_grad)
         with _autocast_as(getattr(ctx, _JVP)[3]):
             return function.backward(_Kept(ctx), *grads)
 

@@ -120,6 +120,15 @@ def test_nested_forward_and_reverse_transforms(module, name, factory):
     )
     with pytest.raises(NotImplementedError, match="use jacfwd over jacrev"):
         jacfwd(jacfwd(jacrev(scalar(op))))(xs[0])
+    # Three forward levels: one is peeled, the outer two would see the Function's
+    # jvp, which torch does not differentiate (silently wrong before it was refused).
+    with pytest.raises(NotImplementedError, match="three levels deep"):
+        jacfwd(jacfwd(jacfwd(scalar(op))))(xs[0])
+    _close(
+        jacfwd(jacrev(jacfwd(scalar(op))))(xs[0]),
+        jacrev(jacrev(jacrev(scalar(ref))))(xs[0]),
+        "fwd-rev-fwd",
+    )
     # forward over reverse with forward_ad, through the op's own backward
     x = xs[0].clone().requires_grad_()
     t = torch.randn_like(x)

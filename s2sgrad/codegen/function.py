@@ -318,11 +318,10 @@ class FunctionWriter:
             f"class {self.names.function}(_Function):",
             *_indent(self.forward()),
             "",
+            *_indent(self.setup_context()),
+            "",
+            *_indent(self.backward()),
         ]
-        setup = self.setup_context()
-        if len(setup) > 2:  # else `_Function`'s, which keeps nothing
-            parts += [*_indent(setup), ""]
-        parts += _indent(self.backward())
         return "\n".join(parts) + "\n"
 
     def forward(self) -> list[str]:
@@ -438,22 +437,8 @@ class FunctionWriter:
                 if out.tensor is None:  # zeros only where it is a tensor
                     like = f"({like}) if isinstance({out.var}, Tensor) else None"
                 lines.append(f"    {self.ctx}.{out.var}_like = {like}")
-        if not self._materializes():
-            lines.append(f"    {self.ctx}.set_materialize_grads(False)")
+        lines.append(f"    {self.ctx}.set_materialize_grads(False)")
         return lines
-
-    def _materializes(self) -> bool:
-        """Whether autograd may materialize an absent gradient as zeros: where backward
-        takes one gradient, and no promoted temporary's. It arrives only where the
-        output is differentiated (zeros then are rare, and right), so the closure runs
-        as written, with no test for None."""
-        return (
-            len(self.slots) == 1
-            and not self.incoming
-            and not self.diff.tuple_result
-            and not self.listed_outputs
-            and not self.routed
-        )
 
     def _unpack_inputs(self, wanted: set[str]) -> str:
         targets = []
@@ -536,9 +521,7 @@ class FunctionWriter:
         plain = [g for g, o in pairs if not o.listed]
         listed = [g for g, o in pairs if o.listed]
         params = [f"{self.ctx}: Any"]
-        # Materialized, the one gradient is a tensor; else None stands for zeros.
-        kind = types.TENSOR if self._materializes() else types.GRAD
-        params += [f"{g}: {kind}" for g in (*plain, *self.incoming)]
+        params += [f"{g}: {types.GRAD}" for g in (*plain, *self.incoming)]
         skipped = int(bool(self.extras)) + int(len(self.listed_outputs) > 1)
         if self.listed_outputs:
             params.append(f"*{self.rest}: {types.GRAD}")
@@ -555,9 +538,7 @@ class FunctionWriter:
         tests = [f"{g} is None" for g in (*plain, *self.incoming)]
         tests += [f"all(g is None for g in {g})" for g in listed]
         nones = self._nones()
-        if (
-            not self.handles_none or self.diff.tuple_result or listed
-        ) and not self._materializes():
+        if not self.handles_none or self.diff.tuple_result or listed:
             # The closure expects tensors: skip it when no gradient arrived at all.
             lines += [f"    if {' and '.join(tests)}:", f"        return {nones}"]
         lines += self._routed() if self.routed else self._materialize(plain, listed)
