@@ -361,3 +361,49 @@ def test_compiled_backward_has_no_vjp_of_the_promoted_outputs():
     assert counted == [4]
     # Eager double backward still flows through the promoted `a`.
     assert torch.autograd.gradgradcheck(ns["mlp"], (x, w1, w2))
+
+
+ONLY_BACKWARD_READS = """
+import torch
+
+CALLS = []
+
+
+def helper(x):
+    CALLS.append(1)
+    return torch.exp(x)
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.exp(x) * w
+    u = helper(x)
+    def backward(g):
+        return g * (t + u * w) / 2, (g * u).sum_to_size(w.shape)
+    return torch.exp(x) * w, backward
+"""
+
+
+@pytest.mark.parametrize("policy", ["promote", "recompute"])
+def test_forward_leaves_out_what_only_backward_recomputes(tmp_path, policy):
+    """A temporary backward recomputes, which nothing else in forward reads, is not
+    computed in forward too: no dead work, and no name ruff calls unused (F841). The
+    op stays right at orders 1-3 (pure and mixed), against the closure's own forward."""
+    from oracle import assert_same, derivatives, function, import_pair, leaves
+
+    closures, generated = import_pair(
+        tmp_path, ONLY_BACKWARD_READS, f"dead_{policy}", policy=policy
+    )
+    text = (tmp_path / f"dead_{policy}_grad.py").read_text()
+    forward = function(text, "f_forward")
+    assert "helper(" not in forward, forward
+    assert ("t = " in forward) == (policy == "promote"), forward
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F",
+         str(tmp_path / f"dead_{policy}_grad.py")],
+        capture_output=True, text=True,
+    )
+    assert lint.returncode == 0, lint.stdout
+    x = torch.randn(3, 4, dtype=torch.float64)
+    w = torch.randn(4, dtype=torch.float64)
+    expected = derivatives(lambda a, b: closures.f(a, b)[0], leaves([x, w]))
+    assert_same(derivatives(generated.f, leaves([x, w])), expected)

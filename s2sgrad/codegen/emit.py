@@ -9,10 +9,11 @@ saves; every saved tensor that is not promoted is marked non-differentiable.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import libcst as cst
 
+from s2sgrad.autodiff.inline import names_read
 from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.function import function_class, op_def
@@ -222,7 +223,11 @@ def forward_def(record: Differentiated, names: Names, path: str) -> cst.Function
     context = _tuple([s.expression for s in record.context]) if record.context else "()"
     ret = cst.parse_statement(f"return {result}, {context}\n")
     flags = _RequiresGrad({p.name for p in diff.params})
-    statements = [as_statement(s.visit(flags)) for s in record.forward_statements]
+    recompute = record.gradients.recompute if record.gradients else None
+    statements = [
+        as_statement(s.visit(flags))
+        for s in _live(record.forward_statements, ret, recompute)
+    ]
     body = [_doc(docs.forward_doc(record, path)), *statements, ret]
     returns = types.of_result(record.outputs, diff.tuple_result)
     return cst.FunctionDef(
@@ -234,6 +239,46 @@ def forward_def(record: Differentiated, names: Names, path: str) -> cst.Function
         ),
         leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
     )
+
+
+def _live(
+    statements: Sequence[cst.BaseStatement],
+    ret: cst.BaseStatement,
+    recompute: Recompute | None,
+) -> list[cst.BaseStatement]:
+    """Forward's statements without those that only computed a value backward now
+    recomputes: an assignment to names nothing after it reads (neither the result nor
+    the context), which is one of the statements `f_recompute` runs. s2sgrad runs
+    those again in backward, so running them here as well was dead work (and a name
+    assigned and never read)."""
+    if recompute is None:
+        return list(statements)
+    live = names_read(ret)
+    kept: list[cst.BaseStatement] = []
+    for statement in reversed(statements):
+        targets = _assigned(statement)
+        if (
+            targets
+            and not targets & live
+            and any(statement.deep_equals(r) for r in recompute.statements)
+        ):
+            continue
+        live |= names_read(statement)
+        kept.append(statement)
+    return kept[::-1]
+
+
+def _assigned(statement: cst.BaseStatement) -> set[str]:
+    """The names `name = ...` (or `a = b = ...`) binds; empty for any other form."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return set()
+    small = statement.body[0]
+    if not isinstance(small, cst.Assign):
+        return set()
+    names = [t.target for t in small.targets]
+    if not all(isinstance(n, cst.Name) for n in names):
+        return set()
+    return {n.value for n in names if isinstance(n, cst.Name)}
 
 
 def backward_def(
