@@ -79,3 +79,33 @@ def test_formatting_piece_by_piece_is_what_black_makes_of_the_whole() -> None:
     assert _pieces(_UNFORMATTED)[1].startswith("# the helper's comment\ndef helper")
     assert format_code(_UNFORMATTED, 88) == format_whole(_UNFORMATTED, 88)
     assert format_code(_UNFORMATTED, 88) != _UNFORMATTED
+
+
+def test_a_form_feed_in_a_string_does_not_move_where_black_cuts():
+    """`str.splitlines` breaks a line at a form feed inside a string, `ast` does not:
+    the module was cut for black lines away from its definitions (an internal error,
+    "'return' outside function")."""
+    import torch
+
+    from s2sgrad import transform
+
+    source = (
+        "import torch\n\n\n"
+        "def f(x: torch.Tensor):\n"
+        '    s = "a\x0cb\x0bc\x0cd"\n'
+        "    y = x * len(s)\n"
+        "    def backward(g):\n"
+        "        return g * len(s)\n"
+        "    return y, backward\n\n\n"
+        "def h(x: torch.Tensor):\n"
+        "    def backward(g):\n"
+        "        return 3 * g\n"
+        "    return 3 * x, backward\n"
+    )
+    text = transform(source, "m.py")
+    assert '"a\x0cb\x0bc\x0cd"' in text
+    namespace: dict[str, object] = {}
+    exec(compile(text, "m_grad.py", "exec"), namespace)  # noqa: S102
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(namespace["f"](x).sum(), x)
+    torch.testing.assert_close(grad, torch.full_like(x, 7.0))

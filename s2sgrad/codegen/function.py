@@ -34,6 +34,7 @@ from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.replay import replay
 from s2sgrad.cst import module
 from s2sgrad.lift import Saved, may_return_self
+from s2sgrad.lines import split_lines
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import BOTTOM, TENSOR, param_value
 
@@ -397,7 +398,7 @@ class FunctionWriter:
                 lines += ["    " + s for s in self._split(self.flat, self.lengths)]
         if self.replay is not None:  # plain values forward computed: again, from inputs
             code = module(list(self.replay.statements)).code
-            lines += ["    " + line if line else line for line in code.splitlines()]
+            lines += ["    " + line if line else line for line in split_lines(code)]
         if self._returns_tuple():
             targets = self._unpack_outputs()
             if len(targets) == 1 and targets[0].startswith("*"):
