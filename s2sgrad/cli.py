@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import s2sgrad
 from s2sgrad.config import Config, ConfigError, load_config
-from s2sgrad.header import Origin, up_to_date
+from s2sgrad.header import GENERATED_MARK, Origin, up_to_date
 from s2sgrad.review.check import status, unified_diff
 from s2sgrad.sources import decode_source, display_path, module_name
 
@@ -81,7 +81,14 @@ class Reviewed(NamedTuple):
     records: tuple[ReviewRecord, ...]
 
 
-Outcome = Converted | Failed
+class Orphaned(NamedTuple):
+    """An output s2sgrad wrote from a source that has no differentiators now."""
+
+    source: Path
+    output: Path
+
+
+Outcome = Converted | Failed | Orphaned
 
 
 def say(args: argparse.Namespace, message: str, level: int = 0) -> None:
@@ -133,11 +140,20 @@ def convert_file(job: Job, options: Options) -> Outcome | None:
     try:
         text = read_source(job.source, shown)
         if not job.explicit and not has_differentiators(text, shown):
-            return None
+            return _orphaned(job)
         origin = Origin(shown, module_name(job.source))
         return Converted(job.source, job.output, convert(text, origin, options))
     except s2sgrad.TransformError as exc:
         return Failed(job.source, exc.diagnostics)
+
+
+def _orphaned(job: Job) -> Orphaned | None:
+    """`job`'s output where s2sgrad wrote one (its header says so) from a source found
+    in a directory that has no differentiators now; None for a plain module."""
+    on_disk = _read_text(job.output)
+    if on_disk is None or not on_disk.startswith(GENERATED_MARK):
+        return None
+    return Orphaned(job.source, job.output)
 
 
 def up_to_date_output(job: Job, config: Config) -> Outcome | None:
@@ -367,19 +383,29 @@ def run_convert(args: argparse.Namespace) -> int:
     done = None if config is None else collect(args, config, convert_file, shortcut)
     if done is None:
         return EXIT_ERROR
+    orphans = [o for o in done if isinstance(o, Orphaned)]
+    converted = [o for o in done if isinstance(o, Converted)]
+    for orphan in orphans:
+        print(
+            f"s2sgrad: {display_path(orphan.output)} was generated from "
+            f"{display_path(orphan.source)}, which has no differentiators now: "
+            "delete it",
+            file=sys.stderr,
+        )
     if args.stdout:
-        sys.stdout.write("".join(o.text for o in done))
+        sys.stdout.write("".join(o.text for o in converted))
         return EXIT_OK
     if args.check or args.diff:
-        return report_changes(args, done, show_diff=args.diff)
-    for outcome in done:
+        changed = report_changes(args, converted, show_diff=args.diff)
+        return EXIT_CHANGED if orphans else changed
+    for outcome in converted:
         if _read_text(outcome.output) == outcome.text:
             say(args, f"unchanged {display_path(outcome.output)}")
             continue
         write_atomic(outcome.output, outcome.text)
         say(args, f"wrote {display_path(outcome.output)}")
-    lines = sum(o.text.count("\n") for o in done)
-    say(args, f"s2sgrad: {len(done)} file(s), {lines} generated lines", 1)
+    lines = sum(o.text.count("\n") for o in converted)
+    say(args, f"s2sgrad: {len(converted)} file(s), {lines} generated lines", 1)
     return EXIT_OK
 
 

@@ -261,3 +261,30 @@ def test_check_converts_when_the_header_does_not_match(project, change):
     assert blocked.returncode == 123, blocked.stderr
     run = s2sgrad(*args, cwd=project)
     assert run.returncode == 1, run.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_output_whose_source_lost_its_differentiators_is_reported(project, workers):
+    """A source in a directory that has no differentiators now leaves its old output
+    behind: `--check` and `--diff` fail on it, and `convert` says to delete it (it
+    deletes nothing). A module named like an output that s2sgrad did not write is
+    left alone."""
+    (project / "pkg" / "cube.py").write_text(CUBE)
+    (project / "pkg" / "square.py").write_text("import torch\n\nX = 1\n")
+    (project / "pkg" / "plain.py").write_text("Y = 2\n")
+    (project / "pkg" / "plain_grad.py").write_text("Z = 3\n")
+    assert s2sgrad("convert", "pkg/cube.py", cwd=project).returncode == 0
+    before = snapshot(project)
+    said = (
+        "pkg/square_grad.py was generated from pkg/square.py, which has no "
+        "differentiators now: delete it"
+    )
+    for flags in (["--check"], ["--diff"], []):
+        run = s2sgrad("convert", *flags, "-j", workers, "pkg", cwd=project)
+        assert run.returncode == (1 if flags else 0), run.stderr
+        assert said in run.stderr
+        assert "plain" not in run.stderr
+        assert snapshot(project) == before
+    (project / "pkg" / "square_grad.py").unlink()
+    run = s2sgrad("convert", "--check", "-j", workers, "pkg", cwd=project)
+    assert run.returncode == 0, run.stderr
