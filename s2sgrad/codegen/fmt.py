@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable
 import black
 from black.mode import Mode, TargetVersion
 
+from s2sgrad.lines import split_lines
+
 _TARGETS = {TargetVersion.PY310}
 
 
@@ -80,9 +82,6 @@ def cut(text: str, starts: Iterable[int]) -> str:
     return text
 
 
-#: Lines as `ast` numbers them: ended by `\r\n`, `\r` or `\n` only (`str.splitlines`
-#: also breaks at a form feed or `\x0b` inside a string, and the cut would move).
-_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 #: What else `str.splitlines` breaks lines at (where `ast` may count lines otherwise).
 _OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 #: How the first line of a top-level definition starts.
@@ -187,7 +186,7 @@ def _pieces(code: str) -> list[str]:
     """`code` cut before each top-level `def` or `class` (its decorators and the
     comment lines right above it included): where a `Cut` says, else where `ast`
     finds them."""
-    lines = _LINES.findall(code)
+    lines = split_lines(code, keepends=True)  # as `ast` numbers them
     found = code.starts if isinstance(code, Cut) else definition_starts(code)
     starts = []
     for start in found:
