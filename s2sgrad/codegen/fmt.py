@@ -24,7 +24,6 @@ import ast
 import contextvars
 import functools
 import itertools
-import re
 import sys
 from collections.abc import Callable, Iterable
 
@@ -58,9 +57,8 @@ class Cut(str):
     """Module text that knows where its top-level definitions start, as `_pieces`
     finds them with `ast` (`starts`: line indices of each `def` or `class`, or of its
     first decorator): a caller that wrote the text statement by statement knows that
-    already, and the module need not be parsed again to be cut. Only text that is made
-    of `\\n`-terminated lines is a `Cut` (see `cut`), so that line indices mean the
-    same to `ast` and to `str.splitlines`."""
+    already, and the module need not be parsed again to be cut. Line indices count
+    lines as Python does (`s2sgrad.lines.split_lines`)."""
 
     starts: tuple[int, ...]
 
@@ -71,19 +69,18 @@ class Cut(str):
 
 
 def cut(text: str, starts: Iterable[int]) -> str:
-    """`text` as a `Cut` at `starts`; the plain text (`format_code` parses it) where
-    it holds line breaks other than `\\n`, or a start is not a definition's line."""
-    if _OTHER_BREAKS.search(text) or not text.endswith("\n"):
+    """`text` as a `Cut` at `starts` (counted in `\n`s); the plain text (`format_code`
+    parses it) where it holds a `\r`, which Python counts as a line break too, or a
+    start is not a definition's line."""
+    if "\r" in text:
         return text
     made = Cut(text, starts)
-    lines = text.splitlines()
+    lines = split_lines(text)
     if all(0 <= i < len(lines) and lines[i].startswith(_HEADS) for i in made.starts):
         return made
     return text
 
 
-#: What else `str.splitlines` breaks lines at (where `ast` may count lines otherwise).
-_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 #: How the first line of a top-level definition starts.
 _HEADS = ("@", "def ", "async ", "class ")
 
