@@ -378,7 +378,7 @@ def f(x: torch.Tensor, w: torch.Tensor):
     t = torch.exp(x) * w
     u = helper(x)
     def backward(g):
-        return g * (t + u * w) / 2, (g * u).sum_to_size(w.shape)
+        return g * (t + u * w) / 2, g * u  # w's unreduced (it is broadcast)
     return torch.exp(x) * w, backward
 """
 
@@ -387,7 +387,9 @@ def f(x: torch.Tensor, w: torch.Tensor):
 def test_forward_leaves_out_what_only_backward_recomputes(tmp_path, policy):
     """A temporary backward recomputes, which nothing else in forward reads, is not
     computed in forward too: no dead work, and no name ruff calls unused (F841). The
-    op stays right at orders 1-3 (pure and mixed), against the closure's own forward."""
+    op stays right at orders 1-3 (pure and mixed: output and gradients in one loss),
+    against the closure's own forward, with `w` broadcast and its gradient returned
+    unreduced."""
     from oracle import assert_same, derivatives, function, import_pair, leaves
 
     closures, generated = import_pair(
