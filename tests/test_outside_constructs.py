@@ -377,3 +377,37 @@ def test_an_output_that_is_none_converts_and_is_right(tmp_path):
             lambda t, name=name: pick(getattr(generated, name)(t)), leaves([x])
         )
         assert_same(got, expected)
+
+
+# -- a module-level factory that returns a nested function -------------------------
+
+FACTORY = """import torch
+
+
+def make_act(alpha: float):
+    \"\"\"A factory: returns its nested function alone, so it is no differentiator.\"\"\"
+    def act(v):
+        return torch.where(v > 0, v, alpha * v)
+    return act
+
+
+leaky = make_act(0.25)
+
+
+def gated(x: torch.Tensor, w: torch.Tensor):
+    h = leaky(x) * w
+    def backward(grad):
+        gx = grad * w * w * torch.where(x > 0, 1.0, 0.25)
+        return gx, 2.0 * grad * h
+    return h * w, backward
+"""
+
+
+def test_a_factory_beside_differentiators_is_a_plain_helper(tmp_path):
+    """A function ending `return act` (a nested def, alone) is a factory, not a
+    differentiator that lost its result: the module converts, and the op built on
+    the factory's function is right at orders 1-3 with `w` broadcast."""
+    closures, generated = import_pair(tmp_path, FACTORY, "factory_ops")
+    assert not hasattr(generated, "make_act_forward")
+    values = torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)
+    _check(closures, generated, "gated", values)

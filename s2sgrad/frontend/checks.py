@@ -107,10 +107,26 @@ def backward_name(forward: cst.FunctionDef) -> str | None:
         return pair[1].value
     if "backward" in defs:
         return "backward"
+    if _factory(forward, defs):
+        return None
     returned = _ReturnedNames()
     walk(forward.body, returned)
     hits = sorted(defs & returned.names)
     return hits[0] if hits else None
+
+
+def _factory(forward: cst.FunctionDef, defs: set[str]) -> bool:
+    """Whether `forward` is a factory: it ends by returning one of its nested defs
+    alone (`return act`), one whose name does not say it is a backward. A
+    differentiator returns its result beside its closure (section 1); a closure named
+    `backward` returned alone is a differentiator that lost its result (S2S106)."""
+    ret = final_return(forward)
+    return (
+        ret is not None
+        and isinstance(ret.value, cst.Name)
+        and ret.value.value in defs
+        and not any(w in ret.value.value.lower() for w in ("backward", "grad", "bwd"))
+    )
 
 
 def lambda_backward(forward: cst.FunctionDef) -> cst.Lambda | None:
