@@ -66,7 +66,8 @@ def weighted(values: Sequence[torch.Tensor], gen: torch.Generator) -> Any:
     """sum(w * v) over `values`, each with fixed random weights drawn from `gen`."""
     total: Any = 0.0
     for v in values:
-        w = torch.randn(v.shape, dtype=v.dtype, generator=gen)
+        # Drawn on the CPU, so that a GPU run weighs with the same numbers.
+        w = torch.randn(v.shape, dtype=v.dtype, generator=gen).to(v.device)
         total = total + (v * w).sum()
     return total
 
