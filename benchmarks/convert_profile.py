@@ -8,9 +8,12 @@ Runs the same pipeline as the CLI (`s2sgrad.pipeline.convert`) in this fresh pro
 with timers wrapped around its stages: importing s2sgrad, parsing s2sgrad's own rule
 module (`builtin_registry`, once per process), parsing the user module, checking
 forward's values and in-place writes, lifting, differentiating (VJP planning), code
-generation and, inside it, black (one pass per top-level definition; the fixed-point
-check of `codegen/guard.py` runs in the tests only). CPU seconds
-(`time.process_time`), so that other load on the machine does not count. For the
+generation of the definitions and, inside it, black (one pass per top-level
+definition; the fixed-point check of `codegen/guard.py` runs in the tests only), and
+assembling the module. All in this one process, as `-j 1` and the import hook run
+it: under `-j N` the CLI lifts, differentiates and generates in forked processes.
+CPU seconds (`time.process_time`), so that other load on the machine does not
+count. For the
 functions under a stage, run it under a profiler (pyinstrument gives a readable tree).
 """
 
@@ -67,10 +70,11 @@ def main(which: str) -> None:
     pipeline.differentiate = timed(
         "differentiate (incl. rules parse)", pipeline.differentiate
     )
-    pipeline.generate = timed("generate (incl. black)", pipeline.generate)
+    pipeline.part = timed("generate definitions (incl. black)", pipeline.part)
+    pipeline.assemble = timed("assemble the module (imports, guard)", pipeline.assemble)
     import s2sgrad.codegen as codegen
 
-    codegen.format_code = timed("black: format generated code", fmt.format_code)
+    codegen.format_pieces = timed("black: format generated code", fmt.format_pieces)
     guard.format_whole = timed(
         "black: fixed-point check (tests only)", fmt.format_whole
     )

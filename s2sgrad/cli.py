@@ -328,8 +328,8 @@ def run_jobs(
     """
     with _pool(min(workers, len(jobs), _MAX_WORKERS)) as pool:
         if pool is None and len(jobs) == 1 and workers > 1:
-            # One file: its formatting may take the cores the files would have.
-            from s2sgrad.codegen.fmt import PROCESSES
+            # One file: its differentiators may take the cores the files would have.
+            from s2sgrad.pipeline import PROCESSES
 
             token = PROCESSES.set(min(workers, _MAX_WORKERS))
             try:

@@ -106,3 +106,7 @@ class TransformError(Exception):
     def __init__(self, diagnostics: list[Diagnostic]) -> None:
         super().__init__("\n".join(d.render() for d in diagnostics))
         self.diagnostics = tuple(diagnostics)
+
+    def __reduce__(self) -> tuple[type[TransformError], tuple[list[Diagnostic]]]:
+        # Made again from its diagnostics (a forked process sends it back pickled).
+        return (TransformError, (list(self.diagnostics),))

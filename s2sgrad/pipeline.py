@@ -6,14 +6,17 @@ Pure: reads no files and no environment. The CLI and the import hook both call
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import replace
+from typing import NamedTuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from s2sgrad.autodiff.plan import differentiate, module_facts
 from s2sgrad.autodiff.record import Differentiated
-from s2sgrad.codegen import generate
+from s2sgrad.autodiff.vjp import Sibling
+from s2sgrad.codegen import Layout, Part, assemble, collisions, generate, part, plan
 from s2sgrad.cst import remembering
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import ParsedModule, checks, parse
@@ -32,13 +35,42 @@ from s2sgrad.lift import (
 )
 from s2sgrad.lines import split_lines
 from s2sgrad.options import Options
+from s2sgrad.processes import balanced_runs, fork_map
 from s2sgrad.values import Evaluator, ModuleFacts, forward_values
 
 
 def convert(source: str, origin: Origin, options: Options) -> str:
-    """Return the generated module for `source`, or raise `TransformError`."""
-    parsed, records = analyse(source, origin, options)
-    return generate(parsed, records, options, origin)
+    """Return the generated module for `source`, or raise `TransformError`.
+
+    Where `PROCESSES` allows more than one, a module of many differentiators has
+    them lifted, differentiated, emitted and formatted in forked processes, each
+    taking a run of them in source order; the text is the same byte for byte.
+    """
+    with remembering():
+        front = _front(source, origin, options)
+        sources = [diff for diff, _ in front.judged]
+        if collisions(front.parsed, sources):
+            # Differentiation's errors come first, as `analyse` then `generate`
+            # report them.
+            generate(front.parsed, _differentiated(front, options), options, origin)
+        layout = plan(front.parsed, sources, options, origin.display_path)
+        processes = PROCESSES.get()
+        parts = None
+        if processes > 1 and len(sources) >= _FORK_FROM:
+            parts = _parts_in_processes(front, options, layout, processes)
+        if parts is None:
+            parts = [part(layout, _differentiated(front, options))]
+        return assemble(front.parsed, sources, parts, options, origin)
+
+
+#: How many processes may convert one module: the CLI sets it to its `-j` where it
+#: converts a single file in its own process (with several files, each worker
+#: converts one, alone).
+PROCESSES: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "s2sgrad processes", default=1
+)
+#: Fewer differentiators convert faster in this process than processes start.
+_FORK_FROM = 8
 
 
 def analyse(
@@ -51,12 +83,23 @@ def analyse(
     stages ask about the same subtrees again: each is walked once (`remembering`).
     """
     with remembering():
-        return _analyse(source, origin, options)
+        front = _front(source, origin, options)
+        return front.parsed, _differentiated(front, options)
 
 
-def _analyse(
-    source: str, origin: Origin, options: Options
-) -> tuple[ParsedModule, list[Differentiated]]:
+class _Front(NamedTuple):
+    """A module read, its forward functions judged: what each differentiator's own
+    lifting and differentiation start from."""
+
+    composed: Composed
+    parsed: ParsedModule
+    siblings: dict[str, Sibling]
+    facts: ModuleFacts
+    judged: list[tuple[Differentiator, Evaluator | None]]
+    path: str
+
+
+def _front(source: str, origin: Origin, options: Options) -> _Front:
     composed = compose(source, origin.display_path)
     parsed = _parse(source, composed, origin.display_path)
     if not parsed.differentiators:
@@ -64,20 +107,55 @@ def _analyse(
     try:
         siblings, facts = module_facts(parsed)
         judged = _judge_forward(parsed, facts, origin.display_path, options.policy)
-        records = [
-            differentiate(
-                lift(d, options, facts, evaluator),
-                options,
-                parsed.lines,
-                siblings,
-                facts,
-                origin.display_path,
-            )
-            for d, evaluator in judged
-        ]
     except TransformError as exc:
         raise TransformError(composed.restore(exc.diagnostics)) from None
-    return parsed, records
+    return _Front(composed, parsed, siblings, facts, judged, origin.display_path)
+
+
+def _differentiated(
+    front: _Front, options: Options, start: int = 0, stop: int | None = None
+) -> list[Differentiated]:
+    """The records of the judged differentiators `start:stop`."""
+    try:
+        return [
+            differentiate(
+                lift(diff, options, front.facts, evaluator),
+                options,
+                front.parsed.lines,
+                front.siblings,
+                front.facts,
+                front.path,
+            )
+            for diff, evaluator in front.judged[start:stop]
+        ]
+    except TransformError as exc:
+        raise TransformError(front.composed.restore(exc.diagnostics)) from None
+
+
+def _parts_in_processes(
+    front: _Front, options: Options, layout: Layout, processes: int
+) -> list[Part] | None:
+    """The parts of the module made in `processes` forked processes, each a run of
+    differentiators of about equal source length; None where no fork is to be had.
+
+    A forked process has the module read and judged already, and sends back text
+    only. A run that fails raises here, the earliest run's error first: the serial
+    loop would have stopped at that differentiator.
+    """
+    lengths = [diff.last_line - diff.first_line + 1 for diff, _ in front.judged]
+    runs = balanced_runs(lengths, processes * _RUNS_PER_PROCESS)
+    return fork_map(_part_of_run, runs, (front, options, layout), processes)
+
+
+#: Runs per process: shorter runs even out differentiators of unequal cost.
+_RUNS_PER_PROCESS = 3
+
+
+def _part_of_run(
+    run: tuple[int, int], state: tuple[_Front, Options, Layout]
+) -> Part:
+    front, options, layout = state
+    return part(layout, _differentiated(front, options, *run))
 
 
 def _parse(source: str, composed: Composed, path: str) -> ParsedModule:

@@ -41,7 +41,7 @@ def test_guard_failure_exits_123_and_writes_nothing(tmp_path):
     script = (
         "import sys\n"
         "import s2sgrad.codegen as codegen\n"
-        "codegen.format_code = lambda text, n: text + 'undefined_name_from_a_bug\\n'\n"
+        "codegen.format_pieces = lambda pieces, n: (*pieces, 'undefined_name_from_a_bug\\n')\n"
         "from s2sgrad.cli import main\n"
         "sys.exit(main(['convert', 'ops.py']))\n"
     )
@@ -73,10 +73,10 @@ def test_formatting_piece_by_piece_is_what_black_makes_of_the_whole() -> None:
     """format_code cuts the module before each top-level definition (comments and
     decorators above it kept with it) and formats the pieces on their own: the joined
     text must be black's for the whole module, byte for byte."""
-    from s2sgrad.codegen.fmt import _pieces, format_code, format_whole
+    from s2sgrad.codegen.fmt import format_code, format_whole, pieces
 
-    assert len(_pieces(_UNFORMATTED)) == 4
-    assert _pieces(_UNFORMATTED)[1].startswith("# the helper's comment\ndef helper")
+    assert len(pieces(_UNFORMATTED)) == 4
+    assert pieces(_UNFORMATTED)[1].startswith("# the helper's comment\ndef helper")
     assert format_code(_UNFORMATTED, 88) == format_whole(_UNFORMATTED, 88)
     assert format_code(_UNFORMATTED, 88) != _UNFORMATTED
 

@@ -7,6 +7,7 @@ every file's bytes.
 
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -236,8 +237,8 @@ def test_the_cli_imports_the_process_pool_only_to_start_one():
     assert run.stdout.strip() == "False"
 
 
-def test_one_large_module_is_formatted_in_processes_to_the_same_bytes(tmp_path):
-    """A single file under `-j 2` has black format its pieces in two forked
+def test_one_large_module_is_converted_in_processes_to_the_same_bytes(tmp_path):
+    """A single file under `-j 2` has its differentiators converted in two forked
     processes: the module is byte for byte the one `-j 1` writes."""
     sys.path.insert(0, str(ROOT))
     try:
@@ -260,12 +261,94 @@ def test_one_large_module_is_formatted_in_processes_to_the_same_bytes(tmp_path):
     assert outputs[0].count("\nclass ") == 20
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="forked processes on Linux only")
-def test_pieces_formatted_in_processes_are_those_formatted_here():
-    from s2sgrad.codegen import fmt
+def _benchmark_modules():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import convert_speed
+    finally:
+        sys.path.remove(str(ROOT))
+    return convert_speed
 
-    pieces = [f"def f{i}( x ):\n  return x*{i}\n" for i in range(70)]
-    here = [fmt._format_piece(p, 88) for p in pieces]
-    there = fmt._format_in_processes(pieces, 88, 2)
+
+def _converted(source, processes, forks, **options):
+    """`pipeline.convert` of `source` with `PROCESSES` at `processes`; `forks`
+    gathers whether each call of `fork_map` forked ("called" where it raised)."""
+    from s2sgrad import pipeline
+    from s2sgrad.header import Origin
+    from s2sgrad.options import Options
+
+    real = pipeline.fork_map
+
+    def recording(*args):
+        forks.append("called")
+        found = real(*args)
+        forks[-1] = found is not None
+        return found
+
+    token = pipeline.PROCESSES.set(processes)
+    pipeline.fork_map = recording
+    try:
+        return pipeline.convert(source, Origin("ops.py", "ops"), Options(**options))
+    finally:
+        pipeline.fork_map = real
+        pipeline.PROCESSES.reset(token)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forked processes on Linux only")
+@pytest.mark.parametrize(
+    "options", [{}, {"compile": True, "standalone": True}, {"policy": "first-order"}]
+)
+def test_a_module_converted_in_forked_processes_is_the_one_converted_here(options):
+    """Closure-style rules as people write them (tests/corpus/ as one module): the
+    differentiators lifted, differentiated and formatted in two forked processes give
+    the module byte for byte."""
+    source = _benchmark_modules().closure_module()
+    forks = []
+    here = _converted(source, 1, forks, **options)
+    there = _converted(source, 2, forks, **options)
+    assert forks == [True]
     assert there == here
-    assert fmt.format_pieces(pieces, 88) == "\n\n".join(here)
+
+
+def test_parts_cut_at_every_differentiator_assemble_the_module():
+    """The code of each run of differentiators is the same wherever the runs are
+    cut: one part per differentiator assembles the module `generate` writes."""
+    from s2sgrad import codegen, pipeline
+    from s2sgrad.header import Origin
+    from s2sgrad.options import Options
+
+    source = _benchmark_modules().synthetic_module(12)
+    origin, options = Origin("ops.py", "ops"), Options()
+    parsed, records = pipeline.analyse(source, origin, options)
+    sources = [item.source for item in records]
+    layout = codegen.plan(parsed, sources, options, origin.display_path)
+    parts = [codegen.part(layout, [item]) for item in records]
+    whole = codegen.generate(parsed, records, options, origin)
+    assert codegen.assemble(parsed, sources, parts, options, origin) == whole
+    assert whole == pipeline.convert(source, origin, options)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forked processes on Linux only")
+def test_a_failure_in_a_forked_run_is_the_one_the_serial_loop_reports():
+    """Two differentiators that cannot be differentiated (a replay would redraw
+    random numbers), in different runs: both ways report the first, located."""
+    from s2sgrad.diagnostics import TransformError
+
+    bad = (ROOT / "tests" / "bad_inputs" / "recompute_gumbel_softmax.py").read_text()
+    rule = bad[bad.index("def gumbel_scaled") :]
+    good = _benchmark_modules().synthetic_module(12)
+    rules = re.findall(r"^def .*?(?=^def |\Z)", good, re.S | re.M)
+    late = rule.replace("gumbel_scaled", "late")
+    source = "import torch\nimport torch.nn.functional as F\n\n\n" + "\n\n".join(
+        [*rules[:3], rule, *rules[3:], late]
+    )
+    found = []
+    for processes in (1, 2):
+        forks = []
+        with pytest.raises(TransformError) as caught:
+            _converted(source, processes, forks)
+        assert forks == (["called"] if processes == 2 else [])
+        found.append([(d.code, d.line, d.column, d.message) for d in caught.value.diagnostics])
+    assert found[0] == found[1]
+    assert [code for code, *_ in found[0]] == ["S2S121"]
+    assert found[0][0][1] == source.splitlines().index(rule.splitlines()[1]) + 1

@@ -8,6 +8,8 @@ text is a pure function of those inputs: no timestamps, absolute paths or set or
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
@@ -16,7 +18,7 @@ from s2sgrad.autodiff.inline import names_read
 from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import types
 from s2sgrad.codegen.emit import emit
-from s2sgrad.codegen.fmt import cut, definition_starts, format_code
+from s2sgrad.codegen.fmt import cut, definition_starts, format_pieces, pieces
 from s2sgrad.codegen.guard import check_generated
 from s2sgrad.codegen.imports import import_block, name_key
 from s2sgrad.codegen.standalone import runtime
@@ -30,12 +32,12 @@ from s2sgrad.options import Compile, Options
 from s2sgrad.values import SETITEM_NAME
 
 
-def _closures_called(records: list[Differentiated], siblings: set[str]) -> set[str]:
+def _closures_called(sources: Sequence[Differentiator], siblings: set[str]) -> set[str]:
     """The differentiators whose closure another one's backward calls, `g(x)[1](grad)`
     (as written, or as `u, g_bwd = g(x)` in forward becomes)."""
     found: set[str] = set()
-    for item in records:
-        for node in nodes(item.backward_body):
+    for diff in sources:
+        for node in nodes(diff.backward.body):
             if (
                 isinstance(node, cst.Call)
                 and isinstance(node.func, cst.Subscript)
@@ -54,31 +56,97 @@ def generate(
     origin: Origin,
 ) -> str:
     """Return the generated module for `records`, formatted with black."""
-    _check_collisions(parsed, records)
-    siblings = {item.source.name for item in records}
-    used = [
-        n for item in records for n in item.source.globals_used if n not in siblings
-    ]
-    body: list[cst.BaseStatement | str] = []
+    sources = [item.source for item in records]
+    check_collisions(parsed, sources)
+    layout = plan(parsed, sources, options, origin.display_path)
+    return assemble(parsed, sources, [part(layout, records)], options, origin)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the code of each differentiator needs to know of its whole module: the
+    code of a run of differentiators (`part`) is then the same wherever it is made."""
+
+    path: str
+    line_length: int
+    siblings: frozenset[str]
+    #: Names the module and the generated definitions take.
+    taken: frozenset[str]
+    compiled: Mapping[str, Compile]
+    #: Module constants that are literals.
+    literals: frozenset[str]
+    #: The differentiators whose closure another one's backward calls.
+    called: frozenset[str]
+
+
+def plan(
+    parsed: ParsedModule,
+    sources: Sequence[Differentiator],
+    options: Options,
+    path: str,
+) -> Layout:
+    """The `Layout` of a module whose differentiators are `sources`."""
+    siblings = {diff.name for diff in sources}
     taken = set(parsed.module_names) | {
-        name for item in records for name in vars(Names.of(item.source.name)).values()
+        name for diff in sources for name in vars(Names.of(diff.name)).values()
     }
-    compiled = {item.source.name: _compiles(item, options) for item in records}
-    literals = frozenset(n for n, e in parsed.constants.items() if _literal(e))
-    called = _closures_called(records, siblings)
+    return Layout(
+        path,
+        options.line_length,
+        frozenset(siblings),
+        frozenset(taken),
+        {diff.name: _compiles(diff, options) for diff in sources},
+        frozenset(n for n, e in parsed.constants.items() if _literal(e)),
+        frozenset(_closures_called(sources, siblings)),
+    )
+
+
+@dataclass(frozen=True)
+class Part:
+    """The generated code of a run of differentiators, formatted: black's text of
+    each top-level definition (with what follows it up to the next), the names the
+    code reads, and whether inlined rules read `math`."""
+
+    pieces: tuple[str, ...]
+    read: frozenset[str]
+    math: bool
+
+
+def part(layout: Layout, records: Sequence[Differentiated]) -> Part:
+    """The code of `records`, a run of a module's differentiators in source order."""
+    body: list[cst.BaseStatement | str] = []
     for item in records:
+        name = item.source.name
         body += emit(
             item,
-            origin.display_path,
-            siblings,
-            taken,
-            options.line_length,
-            compiled[item.source.name],
-            literals,
-            item.source.name in called,
+            layout.path,
+            layout.siblings,
+            layout.taken,
+            layout.line_length,
+            layout.compiled[name],
+            layout.literals,
+            name in layout.called,
         )
     code, starts = _rendered(body)
-    read = _names_read(code)
+    return Part(
+        format_pieces(pieces(cut(code, starts)), layout.line_length),
+        frozenset(_names_read(code)),
+        any(_rules_read_math(item) for item in records),
+    )
+
+
+def assemble(
+    parsed: ParsedModule,
+    sources: Sequence[Differentiator],
+    parts: Sequence[Part],
+    options: Options,
+    origin: Origin,
+) -> str:
+    """The module: its imports, the runtime's check or copy, then the code of
+    `parts` (in source order), under the header."""
+    siblings = {diff.name for diff in sources}
+    used = [n for diff in sources for n in diff.globals_used if n not in siblings]
+    read = set().union(*(p.read for p in parts))
     wanted = read & runtime().names
     if options.standalone:
         runtime_imports, runtime_code = runtime().copy(wanted)
@@ -89,13 +157,15 @@ def generate(
         runtime_imports = [f"from s2sgrad.runtime import {names}"]
         check = f"_serves({FORMAT_VERSION}, __name__)  # {_FORMAT_NOTE}"
         before = f"{check}\n\n\n"
-    imports = _imports(parsed, records, origin, used, read, runtime_imports)
+    math = any(p.math for p in parts)
+    imports = _imports(parsed, sources, origin, used, read, runtime_imports, math)
     head = "\n".join(imports) + "\n\n" + before
-    # Cut where the definitions start: the head (imports, the runtime's copy) is
-    # parsed for its own, the generated definitions are not parsed again.
-    below = head.count("\n")
-    starts = definition_starts(head) + [below + start for start in starts]
-    formatted = format_code(cut(head + code, starts), options.line_length)
+    # The head (imports, the runtime's copy) is cut where `ast` finds its
+    # definitions; the parts were cut where they were written.
+    head_pieces = format_pieces(
+        pieces(cut(head, definition_starts(head))), options.line_length
+    )
+    formatted = "\n\n".join([*head_pieces, *(p for x in parts for p in x.pieces)])
     text = (
         header(origin.display_path, parsed.source, options.key(), formatted) + formatted
     )
@@ -142,10 +212,10 @@ def _literal(value: cst.BaseExpression) -> bool:
     )
 
 
-def _compiles(item: Differentiated, options: Options) -> Compile:
+def _compiles(diff: Differentiator, options: Options) -> Compile:
     """Whether the differentiator runs compiled (and strictly): its pragma, else the
     option."""
-    pragma = item.source.pragmas.get("compile")
+    pragma = diff.pragmas.get("compile")
     if pragma is None:
         return options.compile
     return "strict" if pragma == "strict" else pragma == "true"
@@ -184,11 +254,12 @@ def _read_in_string_annotations(annotations: list[ast.expr | None]) -> set[str]:
 
 def _imports(
     parsed: ParsedModule,
-    records: list[Differentiated],
+    sources: Sequence[Differentiator],
     origin: Origin,
     used: list[str],
     read: set[str],
     runtime_imports: list[str],
+    math: bool,
 ) -> list[str]:
     """The import lines: what the differentiators use, what generated code reads, and
     the runtime (its names, or, standalone, what the copied parts import)."""
@@ -202,14 +273,14 @@ def _imports(
         extra.append("import torch")
     if types.TENSOR in read:
         extra.append(f"from torch import {types.TENSOR}")
-    if "math" not in used and any(_rules_read_math(item) for item in records):
+    if "math" not in used and math:
         extra.append("import math")
     try:
         imports = import_block(
             used, parsed.globals, origin.module_name, extra, _postponed(parsed)
         )
     except ValueError:
-        first = records[0].source
+        first = sources[0]
         raise TransformError(
             [
                 Diagnostic(
@@ -294,7 +365,18 @@ _IMPORTED = {
 }
 
 
-def _check_collisions(parsed: ParsedModule, records: list[Differentiated]) -> None:
+def check_collisions(parsed: ParsedModule, sources: Sequence[Differentiator]) -> None:
+    """Raise S2S114 where the generated module's own names would meet the user's."""
+    found = collisions(parsed, sources)
+    if found:
+        raise TransformError(found)
+
+
+def collisions(
+    parsed: ParsedModule, sources: Sequence[Differentiator]
+) -> list[Diagnostic]:
+    """S2S114 for each name the generated module would define or read for its own
+    use where a differentiator binds or reads it."""
     runtime_names = runtime().names | {"_serves"}
     # A name the source imports from the runtime itself is the same object.
     runtime_names -= {
@@ -308,14 +390,13 @@ def _check_collisions(parsed: ParsedModule, records: list[Differentiated]) -> No
         spec = parsed.globals.get(name)
         if spec is not None and spec.import_code != statement:
             generated[name] = "its own use"
-    for item in records:
-        names = Names.of(item.source.name)
+    for diff in sources:
+        names = Names.of(diff.name)
         for name in (names.forward, names.backward, names.function, names.op):
-            generated[name] = f"`{item.source.name}`"
+            generated[name] = f"`{diff.name}`"
     found = []
-    for item in records:
-        diff = item.source
-        siblings = {other.source.name for other in records}
+    siblings = {other.name for other in sources}
+    for diff in sources:
         for name in diff.globals_used:
             calls_sibling = name in siblings and _only_called(diff, name)
             if name in generated and name in parsed.globals and not calls_sibling:
@@ -332,8 +413,7 @@ def _check_collisions(parsed: ParsedModule, records: list[Differentiated]) -> No
                         "plain helper function",
                     )
                 )
-    for item in records:
-        diff = item.source
+    for diff in sources:
         own = (
             bound(diff.forward)
             | set(diff.backward_locals)
@@ -354,5 +434,4 @@ def _check_collisions(parsed: ParsedModule, records: list[Differentiated]) -> No
                     f"rename `{name}` in `{diff.name}`",
                 )
             )
-    if found:
-        raise TransformError(found)
+    return found

@@ -14,17 +14,16 @@ That it is a fixed point is what the guard checks on everything the tests genera
 `format_whole`, which is black as its users run it.
 
 Code generation writes the module statement by statement, so it knows where the
-definitions start: it hands `format_code` a `Cut`, which is cut there without parsing
-the module again.
+definitions start: it cuts a `Cut` into `pieces` there without parsing the module
+again, and formats them with `format_pieces` (a run of differentiators may be
+formatted in a forked process, `s2sgrad.pipeline`).
 """
 
 from __future__ import annotations
 
 import ast
-import contextvars
 import functools
 import itertools
-import sys
 from collections.abc import Callable, Iterable
 
 import black
@@ -50,11 +49,11 @@ def mode(line_length: int) -> Mode:
 def format_code(code: str, line_length: int) -> str:
     """`code` formatted by black, one top-level definition at a time (a `Cut` text is
     cut where it says, without parsing it)."""
-    return format_pieces(_pieces(code), line_length)
+    return "\n\n".join(format_pieces(pieces(code), line_length))
 
 
 class Cut(str):
-    """Module text that knows where its top-level definitions start, as `_pieces`
+    """Module text that knows where its top-level definitions start, as `pieces`
     finds them with `ast` (`starts`: line indices of each `def` or `class`, or of its
     first decorator): a caller that wrote the text statement by statement knows that
     already, and the module need not be parsed again to be cut. Line indices count
@@ -95,66 +94,14 @@ def definition_starts(code: str) -> list[int]:
     ]
 
 
-def format_pieces(pieces: Iterable[str], line_length: int) -> str:
-    """Format each piece once and join them as black joins top-level definitions.
+def format_pieces(pieces: Iterable[str], line_length: int) -> tuple[str, ...]:
+    """Each piece formatted once; joined with `"\n\n"`, they are black's module.
 
     A piece is one top-level `def` or `class` with the comment lines right above it
     and the statements after it up to the next (the first piece: what comes before
-    the first definition). A caller that writes the definitions one by one can hand
-    them over without the parse that `format_code` needs to cut the module.
+    the first definition), as `pieces` cuts them.
     """
-    pieces = list(pieces)
-    formatted = None
-    if PROCESSES.get() > 1 and len(pieces) >= _SPLIT_FROM:
-        formatted = _format_in_processes(pieces, line_length, PROCESSES.get())
-    if formatted is None:
-        formatted = [_format_piece(piece, line_length) for piece in pieces]
-    return "\n\n".join(formatted)
-
-
-#: How many processes may format one module's pieces: the CLI sets it to its `-j`
-#: where it converts a single file in its own process (with several files, each
-#: worker converts one, and formats it alone).
-PROCESSES: contextvars.ContextVar[int] = contextvars.ContextVar(
-    "s2sgrad format processes", default=1
-)
-#: Fewer pieces format faster in this process than processes start.
-_SPLIT_FROM = 64
-
-
-def _format_in_processes(
-    pieces: list[str], line_length: int, processes: int
-) -> list[str] | None:
-    """Each piece formatted as `_format_piece` formats it, in `processes` forked
-    processes (a forked one has black loaded already; a spawned one would load it
-    again, which costs more than it saves), each taking a run of pieces of about
-    equal length; None where no fork is to be had."""
-    if sys.platform != "linux":
-        return None
-    try:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        pool = ProcessPoolExecutor(
-            processes, mp_context=multiprocessing.get_context("fork")
-        )
-    except (ImportError, ValueError, OSError, NotImplementedError):
-        return None
-    total = sum(len(piece) for piece in pieces)
-    runs: list[list[str]] = [[]]
-    done = 0
-    for piece in pieces:
-        if done >= total * len(runs) / processes and len(runs) < processes:
-            runs.append([])
-        runs[-1].append(piece)
-        done += len(piece)
-    with pool:
-        found = pool.map(_format_run, runs, itertools.repeat(line_length))
-        return [text for run in found for text in run]
-
-
-def _format_run(pieces: list[str], line_length: int) -> list[str]:
-    return [_format_piece(piece, line_length) for piece in pieces]
+    return tuple(_format_piece(piece, line_length) for piece in pieces)
 
 
 def format_whole(code: str, line_length: int) -> str:
@@ -179,7 +126,7 @@ def _modes(line_length: int) -> Mode:
 _format_once: Callable[..., str] = getattr(black, "_format_str_once", black.format_str)
 
 
-def _pieces(code: str) -> list[str]:
+def pieces(code: str) -> list[str]:
     """`code` cut before each top-level `def` or `class` (its decorators and the
     comment lines right above it included): where a `Cut` says, else where `ast`
     finds them."""
@@ -191,5 +138,5 @@ def _pieces(code: str) -> list[str]:
             start -= 1
         starts.append(start)
     bounds = [0, *(s for s in starts if s > 0), len(lines)]
-    pieces = ["".join(lines[a:b]) for a, b in itertools.pairwise(bounds)]
-    return [piece for piece in pieces if piece.strip()]
+    cuts = ["".join(lines[a:b]) for a, b in itertools.pairwise(bounds)]
+    return [piece for piece in cuts if piece.strip()]
