@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import s2sgrad
 from s2sgrad.config import Config, ConfigError, load_config
-from s2sgrad.header import GENERATED_MARK, Origin, up_to_date
+from s2sgrad.header import Origin, generated_from, up_to_date
 from s2sgrad.review.check import status, unified_diff
 from s2sgrad.sources import decode_source, display_path, module_name
 
@@ -147,11 +147,36 @@ def convert_file(job: Job, options: Options) -> Outcome | None:
         return Failed(job.source, exc.diagnostics)
 
 
+def vanished(args: argparse.Namespace, config: Config) -> list[Orphaned]:
+    """The outputs s2sgrad wrote for a directory argument whose source file is gone:
+    a file named like an output where that directory's outputs go, whose header says
+    s2sgrad generated it, and whose source is in neither place it could be (under the
+    directory argument, and where the header names it)."""
+    found = []
+    for argument in map(Path, args.paths):
+        if not argument.is_dir():
+            continue
+        outputs = argument if config.output_dir is None else config.output_dir
+        for output in sorted(outputs.rglob(f"*{config.suffix}.py")):
+            rel = output.relative_to(outputs)
+            if any(p in _SKIP_DIRS or p.startswith(".") for p in rel.parts[:-1]):
+                continue
+            stem = output.stem[: len(output.stem) - len(config.suffix)]
+            source = argument / rel.parent / f"{stem}.py"
+            if not stem or source.exists():
+                continue
+            text = _read_text(output)
+            named = None if text is None else generated_from(text)
+            if named is not None and not Path(named).exists():
+                found.append(Orphaned(source, output))
+    return found
+
+
 def _orphaned(job: Job) -> Orphaned | None:
     """`job`'s output where s2sgrad wrote one (its header says so) from a source found
     in a directory that has no differentiators now; None for a plain module."""
     on_disk = _read_text(job.output)
-    if on_disk is None or not on_disk.startswith(GENERATED_MARK):
+    if on_disk is None or generated_from(on_disk) is None:
         return None
     return Orphaned(job.source, job.output)
 
@@ -271,8 +296,10 @@ def collect(
     config: Config,
     handle: Callable[[Job, Options], T | Failed | None],
     shortcut: Callable[[Job, Config], T | Failed | None] | None = None,
+    none_found: bool = False,
 ) -> list[T] | None:
-    """Run `handle` on every selected file; None after printing the failures.
+    """Run `handle` on every selected file; None after printing the failures, or
+    where no file has differentiators (unless `none_found` allows it).
 
     `shortcut`, when given, answers a file here first where it can (None: it cannot);
     only the rest go to `handle`, in worker processes under `-j`. Outcomes keep the
@@ -294,7 +321,7 @@ def collect(
             f"s2sgrad: {len(failed)} file(s) failed; nothing written", file=sys.stderr
         )
         return None
-    if not outcomes:
+    if not outcomes and not none_found:
         print("s2sgrad: no differentiators found", file=sys.stderr)
         return None
     return [o for o in outcomes if not isinstance(o, Failed)]
@@ -380,16 +407,19 @@ def run_convert(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     config = settings(args)
     shortcut = up_to_date_output if args.check and not args.diff else None
-    done = None if config is None else collect(args, config, convert_file, shortcut)
+    gone = [] if config is None else vanished(args, config)
+    done = None
+    if config is not None:
+        done = collect(args, config, convert_file, shortcut, bool(gone))
     if done is None:
         return EXIT_ERROR
-    orphans = [o for o in done if isinstance(o, Orphaned)]
+    orphans = [*(o for o in done if isinstance(o, Orphaned)), *gone]
     converted = [o for o in done if isinstance(o, Converted)]
     for orphan in orphans:
+        why = "has no differentiators now" if orphan.source.exists() else "is gone"
         print(
             f"s2sgrad: {display_path(orphan.output)} was generated from "
-            f"{display_path(orphan.source)}, which has no differentiators now: "
-            "delete it",
+            f"{display_path(orphan.source)}, which {why}: delete it",
             file=sys.stderr,
         )
     if args.stdout:

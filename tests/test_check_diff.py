@@ -288,3 +288,41 @@ def test_an_output_whose_source_lost_its_differentiators_is_reported(project, wo
     (project / "pkg" / "square_grad.py").unlink()
     run = s2sgrad("convert", "--check", "-j", workers, "pkg", cwd=project)
     assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("into", [None, "out"])
+def test_an_output_whose_source_file_is_gone_is_reported(project, workers, into):
+    """Deleting a source leaves its old output behind, in the tree or under `-o`:
+    `--check` and `--diff` fail on it, `convert` says to delete it and deletes
+    nothing. An output that another directory's run wrote under the same `-o`, and
+    a module named like an output that s2sgrad did not write, are left alone."""
+    (project / "pkg" / "cube.py").write_text(CUBE)
+    (project / "other").mkdir()
+    (project / "other" / "tri.py").write_text(CUBE.replace("cube", "tri"))
+    (project / "pkg" / "plain_grad.py").write_text("Z = 3\n")
+    out = [] if into is None else ["-o", into]
+    for tree in ("pkg", "other"):
+        assert s2sgrad("convert", *out, tree, cwd=project).returncode == 0
+    (project / "pkg" / "square.py").unlink()
+    before = snapshot(project)
+    output = "pkg/square_grad.py" if into is None else "out/square_grad.py"
+    said = f"{output} was generated from pkg/square.py, which is gone: delete it"
+    for flags in (["--check"], ["--diff"], []):
+        run = s2sgrad("convert", *flags, "-j", workers, *out, "pkg", cwd=project)
+        assert run.returncode == (1 if flags else 0), run.stderr
+        assert said in run.stderr
+        assert "plain" not in run.stderr and "tri" not in run.stderr
+        assert snapshot(project) == before
+    (project / output).unlink()
+    run = s2sgrad("convert", "--check", "-j", workers, *out, "pkg", cwd=project)
+    assert run.returncode == 0, run.stderr
+
+
+def test_a_tree_left_with_only_an_output_whose_source_is_gone(project):
+    """Not "no differentiators found": the output is what is wrong."""
+    (project / "pkg" / "square.py").unlink()
+    run = s2sgrad("convert", "--check", "pkg", cwd=project)
+    assert run.returncode == 1, run.stderr
+    assert "pkg/square_grad.py was generated from pkg/square.py, which is gone" in run.stderr
+    assert "no differentiators found" not in run.stderr
