@@ -46,6 +46,17 @@ def pos(*shape):
     return torch.rand(shape, dtype=F64) + 0.5
 
 
+def _with_zeros(*shape):
+    x = r(*shape)
+    x.view(-1)[::3] = 0.0
+    return x
+
+
+def _zero_or_over_two(*shape):
+    e = _with_zeros(*shape)
+    return torch.where(e == 0, 0.0, e.abs() + 2.0)
+
+
 def mask(*shape):
     return torch.rand(shape) > 0.5
 
@@ -90,6 +101,9 @@ EXAMPLES = [
     ("pow_", "tensor_both", lambda: ((pos(3, 4), r(3, 4)), {})),
     ("pow_", "broadcast", lambda: ((pos(3, 1), r(4)), {})),
     ("pow_", "kw_exponent", lambda: ((pos(3),), {"exponent": r(3)})),
+    # Zeros where PyTorch's pow_backward special-cases them (nan here once).
+    ("pow_", "zero_exponent", lambda: ((_with_zeros(3, 4), 0), {})),
+    ("pow_", "zero_in_tensor_exponent", lambda: ((pos(3, 4), _zero_or_over_two(3, 4)), {})),
     # matrix products
     ("matmul", "vec_vec", lambda: ((r(3), r(3)), {})),
     ("matmul", "vec_mat", lambda: ((r(3), r(3, 4)), {})),
@@ -147,6 +161,7 @@ EXAMPLES = [
     ("minimum", "ties", lambda: (_ties(), {})),
     ("masked_fill", "scalar", lambda: ((r(3, 4), mask(3, 4), 0.5), {})),
     ("masked_fill", "tensor_value", lambda: ((r(3, 4), mask(4), r()), {})),
+    ("masked_fill", "mask_broadcasts_x", lambda: ((r(4), mask(3, 4), 0.5), {})),
     # reductions
     ("sum_", "all", lambda: ((r(2, 3, 4),), {})),
     ("sum_", "all_keepdim", lambda: ((r(2, 3, 4),), {"dim": None, "keepdim": True})),
@@ -213,6 +228,7 @@ EXAMPLES = [
     ("reshape", "nested", lambda: ((r(2, 3, 4), ((4, -1),)), {})),
     ("view", "tuple", lambda: ((r(2, 3, 4), (4, 6)), {})),
     ("view", "nested", lambda: ((r(2, 3, 4), ((24,),)), {})),
+    ("view", "dtype", lambda: ((r(2, 3, 4), (F64,)), {})),
     ("flatten", "default", lambda: ((r(2, 3, 4),), {})),
     ("flatten", "start1", lambda: ((r(2, 3, 4), 1), {})),
     ("flatten", "kw", lambda: ((r(2, 3, 4),), {"start_dim": 0, "end_dim": 1})),
@@ -283,8 +299,11 @@ EXAMPLES = [
     ("to", "same_dtype", lambda: ((r(3, 4), (F64,)), {})),
     ("to", "device_dtype", lambda: ((r(3, 4), ("cpu", torch.float32)), {})),
     ("to", "like_tensor", lambda: ((r(3, 4), (r(2).float(),)), {"copy": True})),
+    ("to", "integer_dtype", lambda: ((r(3, 4) * 3, (torch.int64,)), {})),
+    ("to", "bool_dtype", lambda: ((r(3, 4), (torch.bool,)), {})),
     ("type_as", "down", lambda: ((r(3, 4), r(2).float()), {})),
     ("type_as", "up", lambda: ((r(3, 4).float(), r(2)), {})),
+    ("type_as", "integer_dtype", lambda: ((r(3, 4) * 3, idx(1, 2)), {})),
     ("contiguous", "2d", lambda: ((r(3, 4),), {})),
     ("clone", "2d", lambda: ((r(3, 4),), {})),
     ("detach", "2d", lambda: ((r(3, 4),), {})),
@@ -517,7 +536,8 @@ _CMPOPS = {
     ast.GtE: "ge",
 }
 _FACTORIES = {"torch.arange", "torch.zeros", "torch.ones", "torch.full", "torch.empty"}
-_METADATA_ATTRS = {"shape", "ndim", "dtype", "device"}
+#: Metadata of a tensor, and a dtype's own kind (`out.dtype.is_floating_point`).
+_METADATA_ATTRS = {"shape", "ndim", "dtype", "device", "is_floating_point", "is_complex"}
 _NON_DIFF_METHODS = {"dim", "size", "numel", "index"}  # metadata, list.index
 _FORBIDDEN = {"detach", "data", "item", "no_grad", "requires_grad_", "tolist", "numpy"}
 

@@ -110,14 +110,33 @@ def neg(x):
 
 
 def pow_(x: torch.Tensor | float, exponent: torch.Tensor | float):
-    """x ** exponent; either operand may be a tensor or a Python scalar."""
+    """x ** exponent; either operand may be a tensor or a Python scalar.
+
+    As PyTorch's pow_backward: an exponent of 0 gives x no gradient (not
+    `0 * x ** -1`, nan where x is 0), and a base of 0 gives the exponent none where
+    the exponent is not negative (not `0 * log(0)`); a Python base that is not
+    positive has the logarithm C gives it, not math's ValueError.
+    """
     out = x ** exponent
     def backward(grad):
-        log_x = torch.log(x) if isinstance(x, torch.Tensor) else math.log(x)
-        return (
-            (grad * exponent * x ** (exponent - 1)).sum_to_size(x.shape),
-            (grad * out * log_x).sum_to_size(exponent.shape),
-        )
+        if isinstance(exponent, torch.Tensor):
+            # The power is x ** 0 where the exponent is 0, so that no nan comes back
+            # through the branch torch.where does not take.
+            zero = exponent == 0
+            grad_x = torch.where(zero, 0.0, grad * exponent * x ** (exponent - 1 + zero))
+        else:
+            grad_x = grad * exponent * x ** (exponent - 1) if exponent != 0 else grad * 0.0
+        if isinstance(x, torch.Tensor):
+            log_x = torch.log(x)
+        else:
+            # log(0) is -inf, but 0 ** e has no gradient in e >= 0 (a factor 0, so
+            # that no nan comes back through it either).
+            log_x = (
+                math.log(x) if x > 0
+                else math.nan if x < 0
+                else torch.where(exponent >= 0, 0.0, -math.inf)
+            )
+        return grad_x.sum_to_size(x.shape), (grad * out * log_x).sum_to_size(exponent.shape)
     return out, backward
 
 
@@ -345,7 +364,11 @@ def masked_fill(x, mask, value: torch.Tensor | float):
     """x.masked_fill(mask, value); value may be a scalar or a 0-dim tensor."""
     out = torch.masked_fill(x, mask, value)
     def backward(grad):
-        return grad.masked_fill(mask, 0.0), None, torch.where(mask, grad, 0.0).sum()
+        return (
+            grad.masked_fill(mask, 0.0).sum_to_size(x.shape),
+            None,
+            torch.where(mask, grad, 0.0).sum(),
+        )
     return out, backward
 
 
@@ -472,9 +495,12 @@ def reshape(x, shape):
 
 
 def view(x, size):
+    """x.view(*size); `x.view(dtype)` reinterprets the bits, which passes no gradient
+    (PyTorch's view.dtype is not differentiable, even to the same dtype)."""
     out = x.view(*size)
     def backward(grad):
-        return grad.reshape(x.shape), None
+        bits = len(size) == 1 and isinstance(size[0], torch.dtype)
+        return torch.zeros_like(x) if bits else grad.reshape(x.shape), None
     return out, backward
 
 
@@ -656,17 +682,22 @@ def getitem(x, index):
 
 
 def to(x, args, non_blocking=False, copy=False):
-    """x.to(*args): dtype/device conversion; the gradient goes back to x's dtype and device."""
+    """x.to(*args): dtype/device conversion; the gradient goes back to x's dtype and
+    device. A conversion to an integer or bool dtype passes no gradient, as in
+    PyTorch (zeros: the gradient it would pass is the truncated one)."""
     out = x.to(*args, non_blocking=non_blocking, copy=copy)
     def backward(grad):
-        return grad.to(x.device, x.dtype), None, None, None
+        passes = out.dtype.is_floating_point or out.dtype.is_complex
+        return grad.to(x.device, x.dtype) if passes else torch.zeros_like(x), None, None, None
     return out, backward
 
 
 def type_as(x, other):
+    """x.type_as(other); to an integer or bool dtype it passes no gradient (as `to`)."""
     out = x.type_as(other)
     def backward(grad):
-        return grad.to(x.device, x.dtype), None
+        passes = out.dtype.is_floating_point or out.dtype.is_complex
+        return grad.to(x.device, x.dtype) if passes else torch.zeros_like(x), None
     return out, backward
 
 

@@ -50,7 +50,6 @@ _SHAPE_KEEPING = frozenset(
         "rand_like",
         "randn_like",
         "dropout",
-        "masked_fill",
         "gelu",
         "softplus",
         "relu",
@@ -234,6 +233,9 @@ def _call_class(
         return _reduction(node, operands, env, facts, qualified)
     if method in _SHAPE_KEEPING:
         return class_of(operands[0], env, facts, qualified)
+    if method == "masked_fill" and len(operands) >= 2:
+        # The mask may broadcast x (the value is 0-d).
+        return _broadcast(operands[:2], env, facts, qualified)
     if opfacts.is_pointwise(name):
         tensors = [a for a in operands if not isinstance(a, (cst.SimpleString,))]
         return _broadcast(tensors, env, facts, qualified)
