@@ -34,7 +34,7 @@ from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names, may_alias_at
 from s2sgrad.lines import line_text
-from s2sgrad.values import NUMBER, SETITEM, SETITEM_NAME, TENSOR, Value
+from s2sgrad.values import NUMBER, SEQ, SETITEM, SETITEM_NAME, TENSOR, Value
 
 
 def out_of_place(
@@ -71,6 +71,9 @@ def out_of_place(
             plain.add(id(node))
     for write in diff.writes:
         value = values.get(write.name)
+        if value is not None and _changes_an_element(write, value):
+            problems.append(_reject_element(write, path, lines))
+            continue
         if value is None or TENSOR not in value.kinds or not value.diff:
             continue  # carries no gradient: forward builds it, backward reads it
         shared = sharing.at.get(id(write.node))
@@ -674,21 +677,53 @@ def _reject_augmented(
     )
 
 
-def _reject(write: InPlace, why: str, path: str, lines: Sequence[str]) -> Diagnostic:
-    shown = (
-        f"`{write.code}(...)`"
-        if write.kind in ("method", "function")
-        else f"`{write.code}`"
-    )
+def _changes_an_element(write: InPlace, value: Value) -> bool:
+    """Whether `write` changes, in place, a differentiable tensor that the list,
+    tuple or dict `value` holds (`keep[0].mul_(2)`, `parts[0][1] = 0`), rather than
+    what the container holds (`hs[i] = h`)."""
+    if SEQ not in value.kinds or TENSOR in value.kinds and value.diff:
+        return False
+    element = value.element()
+    through = write.depth >= (2 if write.kind == "store" else 1)
+    return through and element.holds_tensor and element.diff
+
+
+def _reject_element(write: InPlace, path: str, lines: Sequence[str]) -> Diagnostic:
     return Diagnostic(
         "S2S123",
-        f"{shown} changes `{write.name}`, a differentiable tensor forward computed, "
-        f"in place, and s2sgrad cannot write it out of place: {why}",
+        f"{_shown(write)} changes in place a differentiable tensor that "
+        f"`{write.name}` holds, and s2sgrad cannot write it out of place: the tensor "
+        "may have another name (the one it was put in with, or an input it views), "
+        "which would miss the change",
+        path,
+        write.line,
+        write.column,
+        line_text(lines, write.line),
+        "compute the new value out of place and put it in a new list "
+        f"(`{write.name}_new = [p * 2 for p in {write.name}]`)",
+    )
+
+
+def _reject(write: InPlace, why: str, path: str, lines: Sequence[str]) -> Diagnostic:
+    return Diagnostic(
+        "S2S123",
+        f"{_shown(write)} changes `{write.name}`, a differentiable tensor forward "
+        f"computed, in place, and s2sgrad cannot write it out of place: {why}",
         path,
         write.line,
         write.column,
         line_text(lines, write.line),
         _hint(write),
+    )
+
+
+def _shown(write: InPlace) -> str:
+    return (
+        f"`{write.code}(...)`"
+        if write.kind in ("method", "function")
+        else f"`out={write.code}`"
+        if write.kind == "out"
+        else f"`{write.code}`"
     )
 
 

@@ -1020,9 +1020,21 @@ class Evaluator:
             self.returned = self.returned.join(value)
 
     def mutation(self, call: cst.Call) -> None:
-        """Join what an in-place call puts into its object (`hs.append(h)`)."""
+        """Join what an in-place call puts into its object (`hs.append(h)`), or into
+        the tensor it writes through a part or `out=` (`t[:].copy_(v)`,
+        `torch.mul(x, 2, out=t)`): a tensor forward made without a gradient carries
+        one once a value that does is written into it."""
         func = call.func
-        if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name):
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == "out":
+                others = [a for a in call.args if a is not arg]
+                self._written(arg.value, any(self.expr(a.value).diff for a in others))
+        if not isinstance(func, cst.Attribute):
+            return
+        if not isinstance(func.value, cst.Name):
+            if opfacts.is_inplace(func.attr.value):
+                args = [self.expr(a.value) for a in call.args]
+                self._written(func.value, any(a.diff for a in args))
             return
         name = func.value.value
         if name not in self.env:
@@ -1046,6 +1058,18 @@ class Evaluator:
                 self.env[name] = current.nondiff()
             else:
                 self.env[name] = current.with_diff(current.diff or diff)
+
+    def _written(self, target: cst.BaseExpression, diff: bool) -> None:
+        """A tensor written in place through `target` (`t[:]`, `t.T`, `out=t`):
+        its name's value carries a gradient if what is written does."""
+        base = target
+        while isinstance(base, (cst.Subscript, cst.Attribute)):
+            base = base.value
+        if not isinstance(base, cst.Name) or base.value not in self.env:
+            return
+        current = self.env[base.value]
+        if diff and TENSOR in current.kinds and not current.diff:
+            self.env[base.value] = current.with_diff(True)
 
     def _store(self, target: cst.BaseExpression, value: Value) -> None:
         """`a[i] = v`: the container (or tensor) `a` now also holds `v`."""

@@ -9,6 +9,13 @@ passed the truncated gradient on (orders 2-3 wrong); a `masked_fill` mask that
 broadcasts its input was taken to keep the input's shape, and its gradient was not
 reduced (a crash at call time); `x ** 0` differentiated to `0 * x ** -1`, nan at 0;
 a Python base of 0 raised math's ValueError in a double backward.
+
+It also found in-place writes that were not seen as writes: an activation's
+`inplace` flag given positionally, a differentiable value written into a buffer
+forward made without a gradient (`out=t`, `t[:].copy_(v)`), and a tensor changed
+through the list that holds it. Each was run as written while the promoted
+temporary's gradient ignored it (orders 2-3 wrong, or the caller's input changed);
+they are now written out of place where they can be, else refused (S2S123).
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ import pytest
 import torch
 from oracle import assert_same, derivatives, import_pair, leaves
 
+from s2sgrad import transform
+from s2sgrad.diagnostics import TransformError
+
 F64 = torch.float64
 
 
@@ -24,14 +34,15 @@ def _r(*shape, seed=0):
     return torch.randn(shape, dtype=F64, generator=torch.Generator().manual_seed(seed))
 
 
-def _check(closures, generated, values, rest=()):
+def _check(closures, generated, values, rest=(), rtol=1e-7):
     def ref(*t):
         return closures.f(*t, *rest)[0]
 
     def got(*t):
         return generated.f(*t, *rest)
 
-    assert_same(derivatives(got, leaves(values)), derivatives(ref, leaves(values)))
+    expected = derivatives(ref, leaves(values))
+    assert_same(derivatives(got, leaves(values)), expected, rtol=rtol)
 
 
 CAST = """import torch
@@ -144,3 +155,136 @@ def test_a_python_base_of_zero_gives_numbers_at_every_order(tmp_path):
     positive = derivatives(lambda *t: generated.f(*t, 2.0), leaves(values))
     expected = derivatives(lambda *t: closures.f(*t, 2.0)[0], leaves(values))
     assert_same(positive, expected)
+
+
+ACTIVATION = """import torch
+import torch.nn.functional as F
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = x * 1.5
+    CALL
+    y = torch.sin(t) * w
+    def backward(g):
+        slope = torch.where(x > 0, 1.5, SLOPE)
+        return g * w * torch.cos(t) * slope, g * torch.sin(t)
+    return y, backward
+"""
+
+
+@pytest.mark.parametrize(
+    "call,slope",
+    [
+        ("F.leaky_relu(t, 0.1, True)", "0.15"),
+        ("F.leaky_relu(t, 0.1, inplace=True)", "0.15"),
+        ("F.relu(t, True)", "0.0"),
+        ("F.hardtanh(t, -0.5, 0.5, True)", "0.0"),
+    ],
+)
+def test_an_activation_made_in_place_by_its_flag_is_written_out_of_place(
+    tmp_path, call, slope
+):
+    """The flag given by position is the flag: `t` changes, and its gradient
+    goes back through the activation (w broadcast, its gradient unreduced)."""
+    if "hardtanh" in call:
+        source = ACTIVATION.replace(
+            "torch.where(x > 0, 1.5, SLOPE)", "torch.where((t > -0.5) & (t < 0.5), 1.5, 0.0)"
+        )
+    else:
+        source = ACTIVATION.replace("SLOPE", slope)
+    source = source.replace("CALL", call)
+    closures, generated = import_pair(tmp_path, source, "activation")
+    x = _r(3, 4) * 0.3 if "hardtanh" in call else _r(3, 4)
+    # Rounding: the op sums w's gradient in another order (about 1e-7 relative).
+    _check(closures, generated, [x, _r(4, seed=1)], rtol=1e-6)
+
+
+WRITTEN = """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.zeros_like(x)
+    WRITE
+    y = t * w
+    def backward(g):
+        return g * w * 2, g * t
+    return y, backward
+"""
+
+
+@pytest.mark.parametrize("write", ["t.add_(x * 2)", "t[:] = x * 2"])
+def test_a_buffer_forward_fills_with_a_differentiable_value(tmp_path, write):
+    """A buffer made without a gradient and filled with `2 * x` carries x's
+    gradient: its own gradient goes back through the fill."""
+    source = WRITTEN.replace("WRITE", write)
+    closures, generated = import_pair(tmp_path, source, "written")
+    _check(closures, generated, [_r(3, 4), _r(4, seed=1)])
+
+
+@pytest.mark.parametrize(
+    "write,shown",
+    [
+        ("torch.mul(x, 2, out=t)", "`out=t` changes `t`"),
+        ("t[:].copy_(x * 2)", "`t[:].copy_(...)` changes `t`"),
+    ],
+)
+def test_a_differentiable_value_written_where_it_cannot_be_rewritten(write, shown):
+    """Refused, located: the buffer carries a gradient from that write on (torch
+    itself refuses `out=` when an operand requires grad)."""
+    with pytest.raises(TransformError) as caught:
+        transform(WRITTEN.replace("WRITE", write), "m.py", "m")
+    (diagnostic,) = caught.value.diagnostics
+    assert (diagnostic.code, diagnostic.line) == ("S2S123", 6)
+    assert diagnostic.message.startswith(shown)
+
+
+HELD = """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    HOLD
+    WRITE
+    y = torch.exp(x) * w
+    def backward(g):
+        e = torch.exp(x)
+        return g * w * e, g * e
+    return y, backward
+"""
+
+
+@pytest.mark.parametrize(
+    "hold,write",
+    [
+        ("t = x * 1.5\n    keep = [t]", "keep[0].mul_(2.0)"),
+        ("t = x * 1.5\n    keep = {'a': t}", "keep['a'].mul_(2.0)"),
+        ("parts = x.chunk(2, dim=1)", "parts[0].mul_(2.0)"),
+        ("parts = list(x.unbind(0))", "parts[1][0] = 0.0"),
+    ],
+)
+def test_a_tensor_changed_through_the_container_holding_it_is_refused(hold, write):
+    """The tensor has another name (`t`), or views an input (`x`, whose caller's
+    tensor would change): refused at the write, not run as written."""
+    source = HELD.replace("HOLD", hold).replace("WRITE", write)
+    with pytest.raises(TransformError) as caught:
+        transform(source, "m.py", "m")
+    (diagnostic,) = caught.value.diagnostics
+    assert diagnostic.code == "S2S123"
+    assert diagnostic.line == source.splitlines().index(f"    {write}") + 1
+    assert "holds" in diagnostic.message
+
+
+def test_a_list_forward_fills_by_index_is_still_a_list_it_builds(tmp_path):
+    """`hs[i] = h` stores into the list, and changes no tensor: kept as written."""
+    source = """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    hs = [x, x]
+    hs[1] = x * w
+    y = hs[0] * hs[1]
+    def backward(g):
+        return 2 * g * x * w, g * x * x
+    return y, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "filled")
+    _check(closures, generated, [_r(3, 4), _r(4, seed=1)])

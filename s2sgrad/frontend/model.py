@@ -71,6 +71,9 @@ class InPlace:
     code: str
     line: int
     column: int
+    #: How many subscripts, attributes and views the write goes through to `name`:
+    #: 0 for `t.add_()`, 1 for `t[0] = 0` and `keep[0].mul_()`.
+    depth: int = 0
 
 
 @dataclass(frozen=True)

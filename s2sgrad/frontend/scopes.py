@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import difflib
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 import libcst as cst
@@ -91,6 +91,19 @@ class ScopeAnalysis:
             if isinstance(a, ImportAssignment)
         )
         self._accesses: dict[cst.CSTNode, Access] | None = None
+
+    def _qualified(self, node: cst.CSTNode) -> str | None:
+        """The one module-level qualified name `node` spells (`F.relu`:
+        `torch.nn.functional.relu`), else None."""
+        scope = self.scopes.get(node)
+        if scope is None:
+            return None
+        names = {
+            q.name
+            for q in scope.get_qualified_names_for(node)
+            if "<locals>" not in q.name
+        }
+        return names.pop() if len(names) == 1 else None
 
     def _access_of(self, node: cst.Name) -> Access | None:
         """The access recorded for this very node (`scope.accesses[node]` would give
@@ -173,7 +186,7 @@ class ScopeAnalysis:
                 uses.items(), key=lambda kv: min(self._pos(x.name) for x in kv[1])
             )
         )
-        finder = _MutationFinder(backward, self.imported)
+        finder = _MutationFinder(backward, self.imported, self._qualified)
         walk(forward.body, finder)
         found += self._augmented_before_assignment(finder.augmented)
         problems, writes = self._mutations(forward, finder.hits, captures)
@@ -394,7 +407,15 @@ class ScopeAnalysis:
                     continue  # a list or dict forward builds
                 line, column = self._pos(hit.node)
                 writes.append(
-                    InPlace(hit.name, hit.node, hit.kind, hit.code, line, column + 1)
+                    InPlace(
+                        hit.name,
+                        hit.node,
+                        hit.kind,
+                        hit.code,
+                        line,
+                        column + 1,
+                        hit.depth,
+                    )
                 )
                 continue
             what = (
@@ -486,6 +507,9 @@ class _Hit:
     kind: str
     #: The code that mutates, as written: `t.add_`, `torch.relu_`, `t[0]`.
     code: str
+    #: How many subscripts, attributes and views the write goes through to its
+    #: variable: 0 for `t.add_()`, 1 for `t[0] = 0` and `keep[0].mul_()`.
+    depth: int = 0
 
 
 #: Methods that change a list, dict or set in place (tensors have none of them).
@@ -573,9 +597,15 @@ def _describe(hit: _Hit, what: str) -> tuple[str, str]:
 class _MutationFinder(cst.CSTVisitor):
     """Find in-place calls, item/attribute stores, `del` and `out=` on given names."""
 
-    def __init__(self, backward: cst.FunctionDef, imported: frozenset[str]) -> None:
+    def __init__(
+        self,
+        backward: cst.FunctionDef,
+        imported: frozenset[str],
+        qualified: Callable[[cst.CSTNode], str | None],
+    ) -> None:
         self.backward = backward
         self.imported = imported
+        self.qualified = qualified
         self.depth_in_backward = 0
         self.hits: list[_Hit] = []
         #: `name += ...` statements, for the read-before-assignment check.
@@ -599,7 +629,8 @@ class _MutationFinder(cst.CSTVisitor):
         base = _base_name(target)
         if base is not None:
             shown = code if code is not None else _code(target)
-            self.hits.append(_Hit(node, base, self.depth_in_backward > 0, kind, shown))
+            hit = _Hit(node, base, self.depth_in_backward > 0, kind, shown)
+            self.hits.append(replace(hit, depth=_depth(target)))
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -620,6 +651,12 @@ class _MutationFinder(cst.CSTVisitor):
                 # Building a list in forward is fine (backward sees the final
                 # value, as saved); changing an input's, or one in backward, is not.
                 self._hit(node, func.value, "container", _code(func))
+        flag = self._positional_inplace(node, positional)
+        if flag is not None:
+            self._hit(flag, positional[0].value, "inplace", _code(func))
+        if isinstance(func, cst.Call) and positional and _says_inplace(func):
+            # `nn.ReLU(inplace=True)(t)`: the module made there changes `t`.
+            self._hit(func, positional[0].value, "inplace", _code(func.func))
         for arg in node.args:
             if arg.keyword is None:
                 continue
@@ -631,6 +668,21 @@ class _MutationFinder(cst.CSTVisitor):
                 and positional
             ):
                 self._hit(arg, positional[0].value, "inplace", _code(func))
+
+    def _positional_inplace(
+        self, node: cst.Call, positional: list[cst.Arg]
+    ) -> cst.Arg | None:
+        """The argument `True` given positionally to a library function's `inplace`
+        parameter (`F.leaky_relu(t, 0.1, True)`), by the function's signature."""
+        if not positional or _base_name(node.func) not in self.imported:
+            return None
+        name = self.qualified(node.func)
+        for signature in opfacts.signatures(name) if name else ():
+            plain = [p.name for p in signature.params if not p.keyword_only]
+            at = plain.index("inplace") if "inplace" in plain else len(positional)
+            if at < len(positional) and m.matches(positional[at].value, m.Name("True")):
+                return positional[at]
+        return None
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
@@ -657,6 +709,19 @@ class _MutationFinder(cst.CSTVisitor):
                 self._hit(node, element, "del")
             elif isinstance(element, (cst.Subscript, cst.Attribute)):
                 self._hit(node, element, "store", f"del {_code(element)}")
+
+
+def _depth(target: cst.BaseExpression) -> int:
+    """How many parts `target` is below the variable `_base_name` finds."""
+    depth = 0
+    while True:
+        if isinstance(target, (cst.Subscript, cst.Attribute)):
+            target = target.value
+        elif isinstance(target, cst.Call) and (inner := _viewed(target)) is not None:
+            target = inner
+        else:
+            return depth
+        depth += 1
 
 
 def _base_name(target: cst.BaseExpression) -> str | None:
@@ -740,3 +805,13 @@ def _import_code(name: str, node: cst.CSTNode) -> str:
                 alias_code = code(alias.with_changes(comma=cst.MaybeSentinel.DEFAULT))
                 return f"from {dots}{module} import {alias_code}"
     return ""
+
+
+def _says_inplace(call: cst.Call) -> bool:
+    """Whether a call passes `inplace=True`."""
+    return any(
+        a.keyword is not None
+        and a.keyword.value == "inplace"
+        and m.matches(a.value, m.Name("True"))
+        for a in call.args
+    )
