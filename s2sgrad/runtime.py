@@ -78,6 +78,17 @@ def _serves(version: int, module: str) -> None:
 # -- gradients where None stands for zero ------------------------------------------
 
 
+def _own(value: Any, *others: Any) -> Any:
+    """An output of forward, or a view of it where it is one of `others` itself
+    (the Function's inputs, the temporaries returned beside it): autograd refuses to
+    save an input returned as is, and torch.compile one tensor as two outputs. Only
+    then, so that an output forward made stays one that the caller may change in
+    place (`out += skip`)."""
+    if isinstance(value, Tensor) and any(value is other for other in others):
+        return value.view_as(value)
+    return value
+
+
 def _accumulate(total: Any, grad: Any) -> Any:
     """Add gradients where None stands for zero; lists element by element. `grad` has
     its value's shape; `total` may be the closure's gradient unreduced, as PyTorch
@@ -547,12 +558,13 @@ class _FirstOrder:
 
         @functools.wraps(backward)
         def run(ctx: Any, *grads: Grad) -> Any:
+            saved = ctx.saved_tensors
             tensors = [g for g in grads if isinstance(g, Tensor)]
-            tensors += ctx.saved_tensors
+            tensors += [t for t in saved if t is not None]
             if _forward_mode_through(tensors):
                 raise RuntimeError(message)
             with torch.no_grad():
-                found = backward(ctx, *grads)
+                found = backward(_Unpacked(ctx, saved), *grads)
             if not torch.is_grad_enabled():
                 return found
             if _base_apply is not None and _transforms_active():
@@ -572,6 +584,19 @@ class _FirstOrder:
 
         vars(run)["first_order"] = message  # which _apply reads
         return run
+
+
+class _Unpacked:
+    """A backward's `ctx` with its saved tensors unpacked already: non-reentrant
+    checkpointing (`torch.utils.checkpoint`, `use_reentrant=False`) refuses to
+    unpack them twice."""
+
+    def __init__(self, ctx: Any, saved: tuple[Any, ...]) -> None:
+        self._ctx = ctx
+        self.saved_tensors = saved
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
 
 
 def _forward_mode_through(tensors: list[Tensor]) -> bool:

@@ -262,3 +262,187 @@ def test_compile_focal_loss_with_a_gamma_schedule(tmp_path):
         torch.testing.assert_close(
             got, want, rtol=1e-7, atol=1e-9, msg=f"gamma={gamma}"
         )
+
+
+# -- activation checkpointing, and first-order ops in it ----------------------------
+
+CHECKPOINTED = """import torch
+from typing import List
+
+
+def weighted_sum(xs: List[torch.Tensor], w: torch.Tensor):
+    acc = xs[0] * w
+    for x in xs[1:]:
+        acc = acc + x * w
+    t = torch.tanh(acc)
+    def backward(g):
+        d = g * (1 - t * t)
+        return [d * w for _ in xs], d * sum(xs)
+    return t, backward
+
+
+def split_exp(x: torch.Tensor, w: torch.Tensor):
+    h = torch.exp(x * w)
+    parts = h.split([1, 2], 0)
+    def backward(gs):
+        g = torch.cat([gi if gi is not None else torch.zeros_like(pi) for gi, pi in zip(gs, parts)], 0)
+        d = g * h
+        return d * w, d * x
+    return parts, backward
+
+
+def swish(x: torch.Tensor, w: torch.Tensor):
+    s = torch.sigmoid(x * w)
+    def backward(g):
+        d = g * (s + x * w * s * (1 - s))
+        return d * w, d * x
+    return x * w * s, backward
+
+
+def gated(x: torch.Tensor, w: torch.Tensor, gate: bool = True):
+    h = x * w
+    if gate:
+        s = torch.sigmoid(h)
+        y = h * s
+    else:
+        y = h
+    def backward(g):
+        if gate:
+            d = g * (s + h * s * (1 - s))
+        else:
+            d = g
+        return d * w, d * x, None
+    return y, backward
+"""
+
+_CALLS = {
+    "weighted_sum": lambda m, a, b, w: m.weighted_sum([a, b], w),
+    "split_exp": lambda m, a, b, w: torch.cat(m.split_exp(a, w)) * b,
+    "swish": lambda m, a, b, w: m.swish(a, w) * b,
+    "gated": lambda m, a, b, w: m.gated(a, w, False) * b,
+}
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("policy", ["promote", "first-order"])
+@pytest.mark.parametrize("name", sorted(_CALLS))
+def test_ops_under_non_reentrant_activation_checkpointing(tmp_path, policy, name):
+    """`checkpoint(..., use_reentrant=False)`, torch's default advice: the gradients
+    are autograd's through the closure, with a list parameter, a list result, and
+    under first-order (the memory-saving policy) too. The generated backward and the
+    first-order wrapper each unpacked the saved tensors twice, which it refuses."""
+    from torch.utils.checkpoint import checkpoint
+
+    closures, generated = import_pair(
+        tmp_path, CHECKPOINTED, f"ckpt_{name}_{policy[0]}", policy=policy
+    )
+
+    class Closures:
+        weighted_sum = staticmethod(lambda xs, w: closures.weighted_sum(xs, w)[0])
+        split_exp = staticmethod(lambda x, w: closures.split_exp(x, w)[0])
+        swish = staticmethod(lambda x, w: closures.swish(x, w)[0])
+        gated = staticmethod(lambda x, w, gate: closures.gated(x, w, gate)[0])
+
+    values = [torch.randn(3, 4, dtype=F64), torch.randn(3, 4, dtype=F64)]
+    values.append(torch.randn(4, dtype=F64))
+    found = []
+    for module, checkpointed in ((Closures, False), (generated, True)):
+        inputs = leaves(values)
+
+        def run(*t, module=module):
+            return _CALLS[name](module, *t)
+
+        out = checkpoint(run, *inputs, use_reentrant=False) if checkpointed else run(*inputs)
+        out.sum().backward()
+        found.append([t.grad for t in inputs])
+    for got, expected in zip(*found[::-1], strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+def test_first_order_with_a_temporary_of_a_branch_not_taken(tmp_path):
+    """policy=first-order, where `s` is bound only in the branch not taken: a second
+    order raises the policy's error (it crashed on the None saved for `s`), and the
+    first order is right."""
+    _, generated = import_pair(tmp_path, CHECKPOINTED, "branch_fo", policy="first-order")
+    x, w = leaves([torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)])
+    y = generated.gated(x, w, False)
+    with pytest.raises(RuntimeError, match="policy=first-order"):
+        gx, gw = torch.autograd.grad(y.sum(), [x, w], create_graph=True)
+        torch.autograd.grad((gx * gx).sum() + (gw * gw).sum(), [x, w])
+    gx, gw = torch.autograd.grad(generated.gated(x, w, False).sum(), [x, w])
+    torch.testing.assert_close(gx, w.detach().expand(3, 4))
+    torch.testing.assert_close(gw, x.detach().sum(0))
+
+
+# -- a residual added in place to the op's output -----------------------------------
+
+RESIDUAL = """import torch
+
+
+def _silu(v):
+    return v * torch.sigmoid(v)
+
+
+def _same(v):
+    return v
+
+
+def helper_out(x: torch.Tensor, w: torch.Tensor):
+    h = x * w
+    y = _silu(h)
+    s = torch.sigmoid(h)
+    def backward(g):
+        d = g * (s + h * s * (1 - s))
+        return d * w, d * x
+    return y, backward
+
+
+def sum_out(x: torch.Tensor, w: torch.Tensor):
+    ys = [torch.sin(x * w * (i + 1)) for i in range(3)]
+    y = sum(ys)
+    def backward(g):
+        d = sum([g * torch.cos(x * w * (i + 1)) * (i + 1) for i in range(3)])
+        return d * w, d * x
+    return y, backward
+
+
+def passed_on(x: torch.Tensor, w: torch.Tensor):
+    y = _same(x)
+    t = x * w
+    def backward(g, gt):
+        return g + gt * w, gt * y
+    return (y, t), backward
+"""
+
+
+@pytest.mark.parametrize("name", ["helper_out", "sum_out"])
+def test_a_residual_added_in_place_to_the_output(tmp_path, name):
+    """`out = op(x, w); out += skip`, a residual connection: the output a helper
+    (or `sum`) made was returned as a view in case it was an input, and the
+    in-place add raised. It is a view only where it is an input at run time."""
+    closures, generated = import_pair(tmp_path, RESIDUAL, f"residual_{name}")
+    values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
+    skip = torch.randn(3, 4, dtype=F64)
+    found = []
+    for fn in (lambda *t: getattr(closures, name)(*t)[0], getattr(generated, name)):
+        inputs = leaves(values)
+        out = fn(*inputs)
+        out += skip
+        (out * out).sum().backward()
+        found.append([t.grad for t in inputs])
+    for got, expected in zip(found[1], found[0], strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+def test_an_input_returned_as_is_is_returned_as_a_view(tmp_path):
+    """Where the output is the input itself, autograd refuses to save it unless it
+    is a view: orders 1-3 against the closure, pure and mixed."""
+    closures, generated = import_pair(tmp_path, RESIDUAL, "passed")
+    values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
+    assert_same(
+        derivatives(generated.passed_on, leaves(values)),
+        derivatives(lambda *t: closures.passed_on(*t)[0], leaves(values)),
+    )

@@ -160,6 +160,8 @@ class FunctionWriter:
         self.meta = [alloc.fresh(n) for n in ("shape", "dtype", "device")]
         self.pieces = alloc.fresh("pieces")
         self.saved = alloc.fresh("saved")
+        self.given = alloc.fresh("given")
+        self.unpacked = alloc.fresh("saved_tensors")
         self.result = alloc.fresh("result")
         self.attrs = {
             s.name: (f"saved_{s.name}" if s.name in CTX_API else s.name)
@@ -280,14 +282,13 @@ class FunctionWriter:
                 start = stop
         return lines
 
-    def _returned(self) -> list[str]:
+    def _returned(self, inputs: str | None = None) -> list[str]:
         """What forward returns, in order."""
         items = [
-            self._view(o.var, o.tensor is not True) if o.aliased else o.var
-            for o in self.plain_outputs
+            self._view(o.var, inputs) if o.aliased else o.var for o in self.plain_outputs
         ]
         items += [
-            self._view(s.name, s.may_be_none) if s.may_alias else s.name
+            self._view_always(s.name, s.may_be_none) if s.may_alias else s.name
             for s in self.promoted
         ]
         if self.extras:
@@ -296,13 +297,28 @@ class FunctionWriter:
             items.append(_tuple([f"len({o.var})" for o in self.listed_outputs[:-1]]))
         for out in self.listed_outputs:
             if out.aliased:
-                items.append(f"*(p.view_as(p) for p in {out.var})")
+                items.append(f"*({self._view('p', inputs)} for p in {out.var})")
             else:
                 items.append(f"*{out.var}")
         return items
 
+    def _inputs(self) -> list[str]:
+        return [f"*{i.name}" if i.listed else i.name for i in self.inputs]
+
+    def _view(self, name: str, inputs: str | None = None) -> str:
+        """An output, or a view of it where it is one of forward's inputs or of the
+        promoted temporaries returned beside it (`_own`): the caller may change a
+        tensor forward made in place."""
+        given = [inputs] if inputs is not None else self._inputs()
+        others = [s.name for s in self.promoted]
+        return f"_own({', '.join([name, *given, *others])})"
+
     @staticmethod
-    def _view(name: str, maybe: bool = False) -> str:
+    def _view_always(name: str, maybe: bool = False) -> str:
+        """A promoted temporary that may be an input or another output's very
+        tensor, as a view (autograd saves no input returned as is, and
+        torch.compile takes no tensor as two outputs of a Function); the caller
+        never sees it."""
         view = f"{name}.view_as({name})"
         return f"({view} if isinstance({name}, Tensor) else {name})" if maybe else view
 
@@ -368,12 +384,15 @@ class FunctionWriter:
             )
         else:
             context = "_"
+        rebound = {i.name for i in self.inputs} & set(
+            re.findall(r"\w+", f"{result}, {context}")
+        )
+        if rebound and any("_own(" in r for r in returned):
+            # The unpacking rebinds an input's name: `_own` compares with the
+            # inputs as they came.
+            lines.append(f"    {self.given} = {_tuple(self._inputs())}")
+            returned = self._returned(f"*{self.given}")
         lines.append(f"    {result}, {context} = {call}")
-        if any(".view_as(" in r for r in returned):
-            lines.append(
-                "    # A view, where it may be an input: autograd saves no input "
-                "returned as is."
-            )
         lines.append(f"    return {_listing(returned)}")
         return lines
 
@@ -547,6 +566,9 @@ class FunctionWriter:
         if self.needs:
             keywords.append(f"{self.needs}={self._needs()}")
         context = self._context()
+        if f"{self.unpacked}[" in context:
+            # Unpacked once: non-reentrant checkpointing refuses a second unpack.
+            lines.append(f"    {self.unpacked} = {self.ctx}.saved_tensors")
         args = ", ".join([context, *self.grads, *keywords])
         if len(f"        return {self.backward_name}({args})") > self.width and (
             not context.isidentifier() and "." in context and "(" in context
@@ -624,9 +646,11 @@ class FunctionWriter:
         lists = [s for s in context if s.storage == "tensors"]
         if lists:
             k = sum(s.storage == "tensor" for s in context)
-            form = "list"
-            element = f"{form}({saved}[{k}:])" if k else f"{form}({saved})"
-            return _tuple([*([f"*{saved}[:{k}]"] if k else []), element, *objects])
+            if not k:
+                return _tuple([f"list({saved})", *objects])
+            unpacked = self.unpacked
+            head = [f"*{unpacked}[:{k}]", f"list({unpacked}[{k}:])"]
+            return _tuple([*head, *objects])
         if not objects:
             return saved
         return _tuple([f"*{saved}", *objects])
