@@ -29,7 +29,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound_target, dotted, findall
+from s2sgrad.cst import bound, bound_target, dotted, findall
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names, may_alias_at
@@ -66,6 +66,10 @@ def out_of_place(
         assert isinstance(node.target, cst.Name)
         name = node.target.value
         value = values.get(name)
+        if name in params and _first_binding(diff, name, node):
+            why = "it is an input, and the caller's tensor would change with it"
+            problems.append(_reject_augmented(node, line, why, path, lines, "S2S103"))
+            continue
         aliased = may_alias_at(diff, name, node, aliases)
         if name not in params and not aliased and value and value.diff:
             plain.add(id(node))
@@ -654,8 +658,24 @@ def _bracketed(value: cst.BaseExpression) -> cst.BaseExpression:
     )
 
 
+def _first_binding(diff: Differentiator, name: str, node: cst.AugAssign) -> bool:
+    """Whether `name op= ...` at `node` may still see the parameter `name` holds:
+    no statement of forward's top level before it binds `name` again."""
+    for statement in diff.statements:
+        if node in set(findall(statement, m.AugAssign())):
+            return True
+        if isinstance(statement, cst.SimpleStatementLine) and name in bound(statement):
+            return False
+    return True
+
+
 def _reject_augmented(
-    node: cst.AugAssign, line: int, why: str, path: str, lines: Sequence[str]
+    node: cst.AugAssign,
+    line: int,
+    why: str,
+    path: str,
+    lines: Sequence[str],
+    code: str = "S2S123",
 ) -> Diagnostic:
     target = node.target
     assert isinstance(target, cst.Name)
@@ -664,7 +684,7 @@ def _reject_augmented(
     found = re.search(rf"\b{re.escape(target.value)}\s*{re.escape(op)}", text)
     column = found.start() + 1 if found else 1
     return Diagnostic(
-        "S2S123",
+        code,
         f"`{target.value} {op} ...` changes the tensor `{target.value}` in place "
         f"(Python's augmented assignment on a tensor), and s2sgrad reads it as a new "
         f"binding: {why}",

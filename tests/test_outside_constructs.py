@@ -411,3 +411,80 @@ def test_a_factory_beside_differentiators_is_a_plain_helper(tmp_path):
     assert not hasattr(generated, "make_act_forward")
     values = torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)
     _check(closures, generated, "gated", values)
+
+
+# -- generated names that two differentiators, or a parameter, would share ---------
+
+RULE = """def NAME(x, PARAM):
+    y = x * PARAM
+    def backward(grad):
+        return grad * PARAM, grad * x
+    return y, backward
+"""
+
+
+@pytest.mark.parametrize(
+    "first,second",
+    [("gelu", "gelu_"), ("foo_bar", "fooBar"), ("gelu", "gelu_forward"), ("gelu", "GeluFunction")],
+)
+def test_two_differentiators_whose_generated_names_meet_are_refused(first, second):
+    """`gelu` and `gelu_` both make `GeluFunction`: the second class replaced the
+    first, and the op `gelu` silently computed `gelu_` (or crashed at call time)."""
+    source = "import torch\n\n\n" + "\n\n".join(
+        RULE.replace("NAME", name).replace("PARAM", "w") for name in (first, second)
+    )
+    code, line, _ = _refused(source)
+    assert (code, line) == ("S2S114", 11)
+
+
+def test_a_parameter_named_like_a_generated_definition_is_refused():
+    source = "import torch\n\n\n" + RULE.replace("NAME", "gate").replace("PARAM", "GateFunction")
+    code, line, column = _refused(source)
+    assert (code, line, column) == ("S2S114", 4, 13)
+
+
+# -- an augmented assignment on a parameter ------------------------------------------
+
+AUGMENTED = """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    BEFORE
+    x OP 1.0
+    t = torch.tanh(x * w)
+    def backward(g):
+        d = g * (1 - t * t)
+        return d * w, d * x
+    return t, backward
+"""
+
+
+@pytest.mark.parametrize("op", ["+=", "-=", "/="])
+def test_an_augmented_assignment_on_a_tensor_parameter_is_refused(op):
+    """`x += 1.0` on a tensor changes the caller's tensor, as `x.add_(1.0)` does
+    (S2S103): it was kept in place, and every call moved the parameter."""
+    source = AUGMENTED.replace("    BEFORE\n", "").replace("OP", op)
+    assert _refused(source) == ("S2S103", 5, 5)
+
+
+def test_an_augmented_assignment_after_rebinding_the_parameter(tmp_path):
+    """After `x = x * 2.0`, `x` names a tensor forward made: `x += 1.0` is read as
+    `x = x + 1.0` (broadcast w, orders 1-3 pure and mixed)."""
+    source = AUGMENTED.replace("BEFORE", "x = x * 2.0").replace("OP", "+=")
+    source = source.replace("return d * w, d * x", "return 2.0 * d * w, d * x")
+    closures, generated = import_pair(tmp_path, source, "rebound")
+    _check(closures, generated, "f", [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)])
+
+
+def test_an_augmented_assignment_on_a_number_parameter_converts(tmp_path):
+    source = """import torch
+
+
+def f(x: torch.Tensor, scale: float):
+    scale += 1.0
+    def backward(g):
+        return g * scale, None
+    return x * scale, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "numbered")
+    _check(closures, generated, "f", [torch.randn(3, 4, dtype=F64)], rest=(0.5,))

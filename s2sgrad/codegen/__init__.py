@@ -390,11 +390,20 @@ def collisions(
         spec = parsed.globals.get(name)
         if spec is not None and spec.import_code != statement:
             generated[name] = "its own use"
+    found = []
+    owners: dict[str, Differentiator] = {}
     for diff in sources:
         names = Names.of(diff.name)
         for name in (names.forward, names.backward, names.function, names.op):
+            first = owners.setdefault(name, diff)
+            if first is not diff:
+                found.append(_both_define(parsed, first, diff, name))
             generated[name] = f"`{diff.name}`"
-    found = []
+    for diff in sources:
+        for param in diff.params:
+            owner = owners.get(param.name)
+            if owner is not None:
+                found.append(_parameter_hides(parsed, diff, param.name, owner))
     siblings = {other.name for other in sources}
     for diff in sources:
         for name in diff.globals_used:
@@ -435,3 +444,38 @@ def collisions(
                 )
             )
     return found
+
+
+def _both_define(
+    parsed: ParsedModule, first: Differentiator, diff: Differentiator, name: str
+) -> Diagnostic:
+    """S2S114: two differentiators whose generated definitions take one name."""
+    text = split_lines(parsed.source)[diff.first_line - 1]
+    return Diagnostic(
+        "S2S114",
+        f"the generated module would define `{name}` for `{diff.name}` and for "
+        f"`{first.name}` (line {first.first_line}): one would replace the other",
+        parsed.path,
+        diff.first_line,
+        text.find(diff.name) + 1 or 1,
+        text,
+        f"rename `{diff.name}` or `{first.name}`",
+    )
+
+
+def _parameter_hides(
+    parsed: ParsedModule, diff: Differentiator, name: str, owner: Differentiator
+) -> Diagnostic:
+    """S2S114: a parameter named like a generated definition, which it would hide
+    inside the generated functions that take it."""
+    text = split_lines(parsed.source)[diff.first_line - 1]
+    return Diagnostic(
+        "S2S114",
+        f"`{diff.name}` has a parameter `{name}`, the name of the generated "
+        f"definition for `{owner.name}`, which the parameter would hide",
+        parsed.path,
+        diff.first_line,
+        text.find(name) + 1 or 1,
+        text,
+        f"rename the parameter `{name}`",
+    )
