@@ -99,7 +99,7 @@ def out_of_place(
         raise TransformError(problems)
     if not rewrites and not plain and not stores:
         return diff
-    rewriter = _Rewrite(diff, rewrites, plain, stores)
+    rewriter = _Rewrite(diff, rewrites, plain, stores, values)
     statements = tuple(_statement(s.visit(rewriter)) for s in diff.statements)
     lines_of = dict(diff.statement_lines)
     for new, old in rewriter.replaced.items():
@@ -517,8 +517,10 @@ class _Rewrite(cst.CSTTransformer):
         writes: dict[cst.CSTNode, InPlace],
         augmented: set[int],
         stores: dict[int, InPlace],
+        values: Mapping[str, Value],
     ):
         self.diff = diff
+        self.values = values
         self.writes = writes
         #: Item stores `t[i] = v` to write as `t = _setitem(t, i, v)`, by target id.
         self.stores = stores
@@ -553,7 +555,12 @@ class _Rewrite(cst.CSTTransformer):
         changed = False
         for small in original_node.body:
             if isinstance(small, cst.AugAssign) and id(small) in self.augmented:
-                body.append(_binding(small))
+                binding = _binding(small)
+                if self._may_promote([small.value]):
+                    binding = binding.with_changes(
+                        value=_keeping_dtype(binding.value, small.target)
+                    )
+                body.append(binding)
                 changed = True
                 continue
             store = self._store(small)
@@ -572,12 +579,22 @@ class _Rewrite(cst.CSTTransformer):
             receiver = _receiver(write, call)
             if isinstance(receiver, cst.Subscript):  # `t[0].mul_(2)`
                 plain = self._setitem(write.name, receiver, plain)
+            elif write.kind == "method" and self._may_promote(
+                [a.value for a in call.args]
+            ):
+                plain = _keeping_dtype(plain, target)
             body.append(cst.Assign([cst.AssignTarget(target)], plain))
             if isinstance(small, cst.Assign):
                 body.append(small.with_changes(value=cst.Name(write.name)))
         if not changed:
             return updated_node
         return updated_node.with_changes(body=body)
+
+    def _may_promote(self, operands: Sequence[cst.BaseExpression]) -> bool:
+        """Whether an operand may be a tensor, whose dtype may promote the result's:
+        in place, the result keeps the changed tensor's dtype (a bfloat16 `h += b`
+        with a float32 `b` stays bfloat16, as autocast leaves it)."""
+        return not all(_number(operand, self.values) for operand in operands)
 
     def _store(self, small: cst.BaseSmallStatement) -> cst.Assign | None:
         """`t[i] = v` as `t = _setitem(t, i, v)`; `t[i] += v` as
@@ -644,6 +661,31 @@ def _binding(node: cst.AugAssign) -> cst.Assign:
             node.target, getattr(cst, operator)(), _bracketed(node.value)
         ),
     )
+
+
+def _keeping_dtype(value: cst.BaseExpression, target: cst.BaseExpression) -> cst.Call:
+    """`(value).to(target.dtype)`: the out-of-place result in the dtype the in-place
+    op would have kept."""
+    dtype = cst.Attribute(target, cst.Name("dtype"))
+    inner = value
+    if not isinstance(value, (cst.Name, cst.Call, cst.Attribute, cst.Subscript)):
+        inner = value.with_changes(
+            lpar=[cst.LeftParen(), *value.lpar], rpar=[*value.rpar, cst.RightParen()]
+        )
+    return cst.Call(cst.Attribute(inner, cst.Name("to")), [cst.Arg(dtype)])
+
+
+def _number(node: cst.BaseExpression, values: Mapping[str, Value]) -> bool:
+    """Whether `node` is a Python number: a literal, or a name forward binds to
+    numbers only."""
+    if isinstance(node, cst.UnaryOperation):
+        node = node.expression
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.Name):
+        value = values.get(node.value)
+        return value is not None and bool(value.kinds) and value.kinds <= {NUMBER}
+    return False
 
 
 def _bracketed(value: cst.BaseExpression) -> cst.BaseExpression:

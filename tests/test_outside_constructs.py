@@ -488,3 +488,45 @@ def f(x: torch.Tensor, scale: float):
 """
     closures, generated = import_pair(tmp_path, source, "numbered")
     _check(closures, generated, "f", [torch.randn(3, 4, dtype=F64)], rest=(0.5,))
+
+
+# -- an in-place op written out of place keeps the changed tensor's dtype ------------
+
+KEEPS_DTYPE = """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    y = x.clone()
+    WRITE
+    t = torch.tanh(y)
+    def backward(g):
+        d = g * (1 - t * t)
+        return d * w, (d * x).sum_to_size(w.shape)
+    return t, backward
+"""
+
+
+@pytest.mark.parametrize("write", ["y.mul_(w)", "y *= w"])
+def test_an_in_place_op_written_out_of_place_keeps_the_dtype(tmp_path, write):
+    """A bfloat16 `y` changed in place by a float32 `w` stays bfloat16 (mixed
+    precision): written `y = y * w` it became float32, and the op's output and
+    gradients differed from the closure's. Then orders 1-3 in float64."""
+    source = KEEPS_DTYPE.replace("WRITE", write)
+    closures, generated = import_pair(tmp_path, source, "keeps_dtype")
+    assert ".to(y.dtype)" in (tmp_path / "keeps_dtype_grad.py").read_text()
+    x = torch.randn(3, 4).bfloat16()
+    w = torch.randn(4)
+    found = []
+    for fn in (lambda *t: closures.f(*t)[0], generated.f):
+        a, b = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out = fn(a * 1, b)
+        out.float().sum().backward()
+        found.append((out, a.grad, b.grad))
+    for got, expected in zip(found[1], found[0], strict=True):
+        assert got.dtype == expected.dtype
+    torch.testing.assert_close(found[1][0], found[0][0], rtol=0, atol=0)
+    for got, expected in zip(found[1][1:], found[0][1:], strict=True):
+        # The closure's backward against autograd's, each rounding in bfloat16.
+        torch.testing.assert_close(got.float(), expected.float(), rtol=5e-2, atol=5e-2)
+    values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
+    _check(closures, generated, "f", values)
