@@ -34,7 +34,7 @@ from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names, may_alias_at
 from s2sgrad.lines import line_text
-from s2sgrad.values import NUMBER, SEQ, SETITEM, SETITEM_NAME, TENSOR, Value
+from s2sgrad.values import NUMBER, OTHER, SEQ, SETITEM, SETITEM_NAME, TENSOR, Value
 
 
 def out_of_place(
@@ -77,6 +77,13 @@ def out_of_place(
         value = values.get(write.name)
         if value is not None and _changes_an_element(write, value):
             problems.append(_reject_element(write, path, lines))
+            continue
+        if value is not None and _may_hand_back(diff, write, value, aliases):
+            why = (
+                "it may be the very tensor of another name (what it was bound to "
+                "may hand its argument back), which would miss the change"
+            )
+            problems.append(_reject(write, why, path, lines))
             continue
         if value is None or TENSOR not in value.kinds or not value.diff:
             continue  # carries no gradient: forward builds it, backward reads it
@@ -737,6 +744,18 @@ def _reject_augmented(
         f"write `{target.value} = {target.value} {op[:-1]} ...`, which makes a new "
         "tensor and leaves the one other names hold unchanged",
     )
+
+
+def _may_hand_back(
+    diff: Differentiator, write: InPlace, value: Value, aliases: frozenset[str]
+) -> bool:
+    """Whether `write` changes a name that values call a tensor without a gradient,
+    or an object of unknown kind, but that may be another name's tensor where it runs
+    (`u = t.type(dtype)`, `u = getattr(t, "contiguous")()`): that tensor may carry
+    a gradient, and the change would reach it unseen."""
+    if TENSOR in value.kinds and value.diff or not value.kinds & {TENSOR, OTHER}:
+        return False  # a tensor with a gradient: judged below, as every such write
+    return may_alias_at(diff, write.name, write.node, aliases)
 
 
 def _changes_an_element(write: InPlace, value: Value) -> bool:

@@ -10,6 +10,7 @@ forward (Python's late binding), and backward's body reads exactly those names.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -769,15 +770,29 @@ def may_return_self(
     func = value.func
     name = qualified.get(func) if dotted(func) else None
     if name is not None and name.startswith("torch."):
-        return opfacts.returns_input(name)
+        return opfacts.returns_input(name) or not _returns_new(name)
     if isinstance(func, cst.Name):
         return True
     if isinstance(func, cst.Attribute):
         method = func.attr.value
-        return opfacts.returns_input(f"torch.Tensor.{method}") or opfacts.is_inplace(
-            method
+        if method in vars(operator):
+            # `x.__neg__()` is `-x`, a new tensor; `x.__iadd__(y)` is `x += y`.
+            return method[2] == "i" and f"__{method[3:]}" in vars(operator)
+        return (
+            opfacts.returns_input(f"torch.Tensor.{method}")
+            or opfacts.is_inplace(method)
+            or not _returns_new(f"torch.Tensor.{method}")
         )
-    return False
+    # `torch.nn.Identity()(x)`, `(lambda a: a)(x)`: nothing is known of it.
+    return True
+
+
+def _returns_new(qualified: str) -> bool:
+    """Whether the op table knows what `qualified` returns: tensors and values, but
+    no Python object of its own making (`torch.asarray(t)` and `t.type(dtype)` may
+    hand `t` back; the table says so of aten's ops only)."""
+    found = opfacts.signatures(qualified)
+    return bool(found) and all("o" not in s.returns for s in found)
 
 
 def _bindings(

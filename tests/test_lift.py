@@ -199,6 +199,13 @@ def f(x, square: bool):
         ("x[0]", False),
         ("-x", False),
         ("x.__neg__()", False),
+        ("x.__iadd__(y)", True),
+        # Nothing in the op table says these make a new tensor.
+        ("torch.asarray(x)", True),
+        ("x.as_subclass(torch.Tensor)", True),
+        ("x.type(torch.float64)", True),
+        ("torch.nn.Identity()(x)", True),
+        ("(lambda a: a)(x)", True),
     ],
 )
 def test_may_return_self(expression, expected):

@@ -288,3 +288,46 @@ def f(x: torch.Tensor, w: torch.Tensor):
 """
     closures, generated = import_pair(tmp_path, source, "filled")
     _check(closures, generated, [_r(3, 4), _r(4, seed=1)])
+
+
+HANDED_BACK = """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = x * 1.5
+    u = CALL
+    u.mul_(2.0)
+    y = torch.sin(t) * w
+    def backward(g):
+        return g * w * torch.cos(t) * 3.0, g * torch.sin(t)
+    return y, backward
+"""
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "torch.asarray(t)",
+        "t.as_subclass(torch.Tensor)",
+        "torch.nn.Identity()(t)",
+        "(lambda a: a)(t)",
+        "t.type(torch.float64)",
+        "getattr(t, 'contiguous')()",
+        "max([t], key=lambda a: 0)",
+    ],
+)
+def test_a_write_through_a_call_that_may_hand_its_argument_back(call):
+    """`u = torch.asarray(t)` is `t` itself: `u.mul_(2.0)` doubles `t`. It was
+    written `u = u.mul(2.0)` (the op's output wrong), or kept while `t`'s gradient
+    ignored it. Nothing in the op table says these make a new tensor: refused."""
+    with pytest.raises(TransformError) as caught:
+        transform(HANDED_BACK.replace("CALL", call), "m.py", "m")
+    (diagnostic,) = caught.value.diagnostics
+    assert (diagnostic.code, diagnostic.line) == ("S2S123", 7)
+
+
+@pytest.mark.parametrize("call", ["t * 1.0", "t.clone()", "torch.exp(t)"])
+def test_a_write_to_a_new_tensor_is_written_out_of_place(tmp_path, call):
+    source = HANDED_BACK.replace("CALL", call).replace(" * 3.0", " * 1.5")
+    closures, generated = import_pair(tmp_path, source, "fresh")
+    _check(closures, generated, [_r(3, 4), _r(4, seed=1)])
