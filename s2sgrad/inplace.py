@@ -345,6 +345,11 @@ class _Sharing:
         if isinstance(small, cst.Assign):
             for target in small.targets:
                 self._pairs(target.target, small.value, inside)
+                self._held(target.target, small.value)
+        elif isinstance(small, cst.AugAssign) and not isinstance(
+            small.value, (cst.Integer, cst.Float)
+        ):
+            self._held(small.target, small.value)  # `hs += [h]`
         elif isinstance(small, cst.AnnAssign) and small.value is not None:
             self._pairs(small.target, small.value, inside)
         elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
@@ -361,6 +366,22 @@ class _Sharing:
                             f"`{func.value.value}` may hold it, and would not see the "
                             "change"
                         )
+
+    def _held(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        """`hs[0] = h`, `box.h = h`, `hs += [h]`: the container may hold `h`."""
+        base = target
+        while isinstance(base, (cst.Subscript, cst.Attribute)):
+            base = base.value
+        stored = base is not target or isinstance(target, cst.Name) and isinstance(
+            value, (cst.List, cst.Tuple)
+        )
+        if not stored or not isinstance(base, cst.Name):
+            return
+        for held in _names_viewed(self.diff, value):
+            if held != base.value:
+                self._reasons[held] = (
+                    f"`{base.value}` may hold it, and would not see the change"
+                )
 
     def _pairs(
         self, target: cst.BaseExpression, value: cst.BaseExpression, inside: bool
@@ -491,6 +512,8 @@ def _may_view(diff: Differentiator, value: cst.BaseExpression, name: str) -> boo
     """Whether `value` may be `name`'s tensor or share its memory."""
     if isinstance(value, cst.Name):
         return value.value == name
+    if isinstance(value, cst.Attribute) and value.attr.value in _METADATA:
+        return False
     if isinstance(value, (cst.Subscript, cst.Attribute)):
         return _may_view(diff, value.value, name)
     if isinstance(value, cst.IfExp):
@@ -502,6 +525,23 @@ def _may_view(diff: Differentiator, value: cst.BaseExpression, name: str) -> boo
             isinstance(e, cst.DictElement) and _may_view(diff, e.value, name)
             for e in value.elements
         )
+    if isinstance(value, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
+        return any(
+            isinstance(n, cst.Name) and n.value == name for n in findall(value, m.Name())
+        )
+    if isinstance(value, cst.BinaryOperation) and isinstance(
+        value.operator, cst.Multiply
+    ):
+        # `[h] * 2` holds `h` twice.
+        return any(
+            isinstance(side, (cst.List, cst.Tuple)) and _may_view(diff, side, name)
+            for side in (value.left, value.right)
+        )
+    if isinstance(value, cst.Call) and not isinstance(value.func, cst.Attribute):
+        # `list((h,))`, `helper(h)`, `(lambda a: a)(h)`: nothing says it is new.
+        if isinstance(value.func, cst.Name) and value.func.value in _NEW_VALUES:
+            return False
+        return any(_may_view(diff, a.value, name) for a in value.args)
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
         func = value.func
         qualified = diff.qualified_names.get(func) if dotted(func) else None
@@ -513,6 +553,14 @@ def _may_view(diff: Differentiator, value: cst.BaseExpression, name: str) -> boo
         shares = opfacts.is_view(method) or opfacts.returns_input(method)
         return shares and _may_view(diff, func.value, name)
     return False
+
+
+#: Builtins whose result holds none of their arguments' tensors.
+_NEW_VALUES = frozenset(
+    {"range", "len", "int", "float", "bool", "str", "isinstance", "abs", "round", "sum"}
+)
+#: Attributes that are a tensor's metadata, not a view of its memory.
+_METADATA = frozenset({"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda"})
 
 
 class _Rewrite(cst.CSTTransformer):

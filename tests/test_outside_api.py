@@ -331,3 +331,45 @@ def test_a_write_to_a_new_tensor_is_written_out_of_place(tmp_path, call):
     source = HANDED_BACK.replace("CALL", call).replace(" * 3.0", " * 1.5")
     closures, generated = import_pair(tmp_path, source, "fresh")
     _check(closures, generated, [_r(3, 4), _r(4, seed=1)])
+
+
+SHARED = """import torch
+
+
+def _wrap(v):
+    return [v]
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    h = x * w
+    HOLD
+    h += 1.0
+    t = torch.sin(h) * hs[0]
+    def backward(g):
+        d = g * (torch.cos(h) * hs[0] + torch.sin(h))
+        return d * w, d * x
+    return t, backward
+"""
+
+
+@pytest.mark.parametrize(
+    "hold",
+    [
+        "hs = [None]\n    hs[0] = h",
+        "hs = [v for v in (h,)]",
+        "hs = list((h,))",
+        "hs = tuple([h])",
+        "hs = [h] * 2",
+        "hs = []\n    hs += [h]",
+        "hs = _wrap(h)",
+    ],
+)
+def test_an_in_place_change_of_a_tensor_a_container_holds(hold):
+    """`hs` holds `h`'s very tensor, so `h += 1.0` changes `hs[0]` too; written
+    `h = h + 1.0` it did not (output and gradients wrong). Refused at the write."""
+    source = SHARED.replace("HOLD", hold)
+    with pytest.raises(TransformError) as caught:
+        transform(source, "m.py", "m")
+    (diagnostic,) = caught.value.diagnostics
+    assert diagnostic.code == "S2S123"
+    assert diagnostic.line == source.splitlines().index("    h += 1.0") + 1
