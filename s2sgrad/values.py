@@ -1062,27 +1062,32 @@ class Evaluator:
     def _written(self, target: cst.BaseExpression, diff: bool) -> None:
         """A tensor written in place through `target` (`t[:]`, `t.T`, `out=t`):
         its name's value carries a gradient if what is written does."""
-        base = target
-        while isinstance(base, (cst.Subscript, cst.Attribute)):
-            base = base.value
-        if not isinstance(base, cst.Name) or base.value not in self.env:
+        name = self._base(target)
+        if name is None:
             return
-        current = self.env[base.value]
+        current = self.env[name]
         if diff and TENSOR in current.kinds and not current.diff:
-            self.env[base.value] = current.with_diff(True)
+            self.env[name] = current.with_diff(True)
+
+    def _base(self, target: cst.BaseExpression) -> str | None:
+        """The name under `target`'s subscripts and attributes, where forward
+        binds it."""
+        while isinstance(target, (cst.Subscript, cst.Attribute)):
+            target = target.value
+        if isinstance(target, cst.Name) and target.value in self.env:
+            return target.value
+        return None
 
     def _store(self, target: cst.BaseExpression, value: Value) -> None:
         """`a[i] = v`: the container (or tensor) `a` now also holds `v`."""
-        base = target
-        while isinstance(base, (cst.Subscript, cst.Attribute)):
-            base = base.value
-        if not isinstance(base, cst.Name) or base.value not in self.env:
+        name = self._base(target)
+        if name is None:
             return
-        current = self.env[base.value]
+        current = self.env[name]
         if SEQ in current.kinds and isinstance(target, cst.Subscript):
-            self.env[base.value] = current.join(seq(value, current.form))
+            self.env[name] = current.join(seq(value, current.form))
         else:
-            self.env[base.value] = current.with_diff(current.diff or value.diff)
+            self.env[name] = current.with_diff(current.diff or value.diff)
 
     def bind(
         self,

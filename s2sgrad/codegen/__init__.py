@@ -450,15 +450,12 @@ def _both_define(
     parsed: ParsedModule, first: Differentiator, diff: Differentiator, name: str
 ) -> Diagnostic:
     """S2S114: two differentiators whose generated definitions take one name."""
-    text = split_lines(parsed.source)[diff.first_line - 1]
-    return Diagnostic(
-        "S2S114",
+    return _clash(
+        parsed,
+        diff,
+        diff.name,
         f"the generated module would define `{name}` for `{diff.name}` and for "
         f"`{first.name}` (line {first.first_line}): one would replace the other",
-        parsed.path,
-        diff.first_line,
-        text.find(diff.name) + 1 or 1,
-        text,
         f"rename `{diff.name}` or `{first.name}`",
     )
 
@@ -468,14 +465,22 @@ def _parameter_hides(
 ) -> Diagnostic:
     """S2S114: a parameter named like a generated definition, which it would hide
     inside the generated functions that take it."""
-    text = split_lines(parsed.source)[diff.first_line - 1]
-    return Diagnostic(
-        "S2S114",
+    return _clash(
+        parsed,
+        diff,
+        name,
         f"`{diff.name}` has a parameter `{name}`, the name of the generated "
         f"definition for `{owner.name}`, which the parameter would hide",
-        parsed.path,
-        diff.first_line,
-        text.find(name) + 1 or 1,
-        text,
         f"rename the parameter `{name}`",
+    )
+
+
+def _clash(
+    parsed: ParsedModule, diff: Differentiator, at: str, message: str, hint: str
+) -> Diagnostic:
+    """S2S114 on `diff`'s `def` line, at the first `at` in it."""
+    text = split_lines(parsed.source)[diff.first_line - 1]
+    column = text.find(at) + 1 or 1
+    return Diagnostic(
+        "S2S114", message, parsed.path, diff.first_line, column, text, hint
     )

@@ -711,8 +711,8 @@ class _MutationFinder(cst.CSTVisitor):
                 self._hit(node, element, "store", f"del {_code(element)}")
 
 
-def _depth(target: cst.BaseExpression) -> int:
-    """How many parts `target` is below the variable `_base_name` finds."""
+def _down(target: cst.BaseExpression) -> tuple[cst.BaseExpression, int]:
+    """What `target` is a part or view of, and through how many parts."""
     depth = 0
     while True:
         if isinstance(target, (cst.Subscript, cst.Attribute)):
@@ -720,22 +720,20 @@ def _depth(target: cst.BaseExpression) -> int:
         elif isinstance(target, cst.Call) and (inner := _viewed(target)) is not None:
             target = inner
         else:
-            return depth
+            return target, depth
         depth += 1
+
+
+def _depth(target: cst.BaseExpression) -> int:
+    """How many parts `target` is below the variable `_base_name` finds."""
+    return _down(target)[1]
 
 
 def _base_name(target: cst.BaseExpression) -> str | None:
     """Return `t` for `t`, `t[0]`, `t.data`, `t.data[0]`, and for a view of it
     (`t.diagonal()`, `t.view(-1)[0]`, `torch.narrow(t, 0, 0, 1)`): the variable whose
     memory a write through the target changes. None for other targets."""
-    base = target
-    while True:
-        if isinstance(base, (cst.Subscript, cst.Attribute)):
-            base = base.value
-        elif isinstance(base, cst.Call) and (inner := _viewed(base)) is not None:
-            base = inner
-        else:
-            break
+    base = _down(target)[0]
     return base.value if isinstance(base, cst.Name) else None
 
 
