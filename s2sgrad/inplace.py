@@ -538,8 +538,10 @@ def _may_view(diff: Differentiator, value: cst.BaseExpression, name: str) -> boo
             for side in (value.left, value.right)
         )
     if isinstance(value, cst.Call) and not isinstance(value.func, cst.Attribute):
-        # `list((h,))`, `helper(h)`, `(lambda a: a)(h)`: nothing says it is new.
-        if isinstance(value.func, cst.Name) and value.func.value in _NEW_VALUES:
+        # `list((h,))`, `max([h], ...)`, `(lambda a: a)(h)`, `nn.Identity()(h)`. A
+        # call of a module-level function by name is read as making a new value
+        # (`y = softsign(h); y /= 4` is common, and helper bodies are not read).
+        if isinstance(value.func, cst.Name) and value.func.value not in _HOLDERS:
             return False
         return any(_may_view(diff, a.value, name) for a in value.args)
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
@@ -555,9 +557,24 @@ def _may_view(diff: Differentiator, value: cst.BaseExpression, name: str) -> boo
     return False
 
 
-#: Builtins whose result holds none of their arguments' tensors.
-_NEW_VALUES = frozenset(
-    {"range", "len", "int", "float", "bool", "str", "isinstance", "abs", "round", "sum"}
+#: Builtins whose result may hold, or be, one of their arguments' tensors.
+_HOLDERS = frozenset(
+    {
+        "list",
+        "tuple",
+        "dict",
+        "set",
+        "frozenset",
+        "zip",
+        "enumerate",
+        "reversed",
+        "sorted",
+        "iter",
+        "next",
+        "min",
+        "max",
+        "getattr",
+    }
 )
 #: Attributes that are a tensor's metadata, not a view of its memory.
 _METADATA = frozenset({"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda"})

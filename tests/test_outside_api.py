@@ -336,10 +336,6 @@ def test_a_write_to_a_new_tensor_is_written_out_of_place(tmp_path, call):
 SHARED = """import torch
 
 
-def _wrap(v):
-    return [v]
-
-
 def f(x: torch.Tensor, w: torch.Tensor):
     h = x * w
     HOLD
@@ -361,7 +357,6 @@ def f(x: torch.Tensor, w: torch.Tensor):
         "hs = tuple([h])",
         "hs = [h] * 2",
         "hs = []\n    hs += [h]",
-        "hs = _wrap(h)",
     ],
 )
 def test_an_in_place_change_of_a_tensor_a_container_holds(hold):

@@ -938,3 +938,36 @@ def op(ctx: torch.Tensor, output: torch.Tensor, inputs: torch.Tensor, dim: int):
 """,
         [T("ctx", 1, 3), T("output", 1, 3), T("inputs", 3, 3), Param("dim", "int", value=0)],
     )
+
+
+def test_regression_helper_result_changed_in_place() -> None:
+    """`t5 = softsign(t4); t5 /= 4.0`: a module-level helper's result is read as a
+    new tensor (its body is not read), so the augmented assignment is written out of
+    place; a sharing check that took every call for a holder of its arguments
+    refused it (S2S123)."""
+    source = """import torch
+
+
+def softsign(v):
+    return v / (1.0 + torch.abs(v))
+
+
+def f(inp: torch.Tensor, weight: torch.Tensor):
+    m3 = inp < 0.0
+    t4 = weight.where(m3, inp)
+    t5 = softsign(t4)
+    t5 /= 4.0
+    def backward(dout):
+        g_t5 = dout / 4.0
+        g_t4 = g_t5 / (1.0 + torch.abs(t4)) ** 2
+        g_weight = torch.where(m3, g_t4, 0.0)
+        g_inp = torch.where(m3, 0.0, g_t4)
+        return g_inp, g_weight
+    return t5, backward
+"""
+    prog = dataclasses.replace(
+        program(source, [T("inp", 3), T("weight", 3)]),
+        module_name="s2sgrad_regression_softsign",
+    )
+    check_closure(prog)
+    check_generated(prog, skip_known_bugs=False)
