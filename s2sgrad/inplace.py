@@ -739,12 +739,7 @@ def _keeping_dtype(value: cst.BaseExpression, target: cst.BaseExpression) -> cst
     """`(value).to(target.dtype)`: the out-of-place result in the dtype the in-place
     op would have kept."""
     dtype = cst.Attribute(target, cst.Name("dtype"))
-    inner = value
-    if not isinstance(value, (cst.Name, cst.Call, cst.Attribute, cst.Subscript)):
-        inner = value.with_changes(
-            lpar=[cst.LeftParen(), *value.lpar], rpar=[*value.rpar, cst.RightParen()]
-        )
-    return cst.Call(cst.Attribute(inner, cst.Name("to")), [cst.Arg(dtype)])
+    return cst.Call(cst.Attribute(_bracketed(value), cst.Name("to")), [cst.Arg(dtype)])
 
 
 def _number(node: cst.BaseExpression, values: Mapping[str, Value]) -> bool:
