@@ -126,6 +126,33 @@ def test_a_power_of_zero_where_the_base_is_zero(tmp_path, k):
     _check(closures, generated, [x, _r(4, seed=1)], rest=(k,))
 
 
+KNOWN_POWERS = """import math
+import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor):
+    p = x.pow(2)
+    c = 2.0 ** x
+    e = x ** t
+    def backward(g):
+        gx = g * (2 * x * w + c * math.log(2.0) + t * e / x)
+        return gx, g * p, (g * e * torch.log(x)).sum(0)
+    return p * w + c + e, backward
+"""
+
+
+def test_a_power_whose_operands_are_known_keeps_one_branch(tmp_path):
+    """pow's rule serves tensors and Python numbers both; where the call's operands
+    are known (a literal exponent, a literal base, two tensors) the generated code
+    keeps only the branch taken: no `isinstance` test on a literal reaches the
+    module, and the numbers still match at every order."""
+    closures, generated = import_pair(tmp_path, KNOWN_POWERS, "known_powers")
+    text = (tmp_path / "known_powers_grad.py").read_text()
+    assert "isinstance(" not in text, text
+    x = _r(3, 4).abs() + 0.5
+    _check(closures, generated, [x, _r(4, seed=1), _r(4, seed=2)])
+
+
 BASE = """import math
 import torch
 

@@ -135,7 +135,9 @@ FIRST = [
     ("before", "none", "after"), [p[1:] for p in FIRST], ids=[p[0] for p in FIRST]
 )
 def test_first_contributions(before, none, after):
-    assert _code(first_contributions(_body(before), set(none))) == textwrap.dedent(after)
+    assert _code(first_contributions(_body(before), set(none))) == textwrap.dedent(
+        after
+    )
 
 
 REPEATS = [
@@ -223,6 +225,29 @@ COPIES = [
         """,
     ),
     (
+        "a temporary that only carries a contribution is dropped",
+        """\
+        grad_x = grad_mean * 2 * x
+        gx = _accumulate(gx, grad_x)
+        """,
+        (),
+        "gx = _accumulate(gx, grad_mean * 2 * x)\n",
+    ),
+    (
+        "a contribution's temporary read again stays",
+        """\
+        grad_x = grad_mean * 2 * x
+        gx = _accumulate(gx, grad_x)
+        gw = grad_x * 2
+        """,
+        (),
+        """\
+        grad_x = grad_mean * 2 * x
+        gx = _accumulate(gx, grad_x)
+        gw = grad_x * 2
+        """,
+    ),
+    (
         "a name read after the blocks (a result) stays",
         """\
         grad_b = g * 2
@@ -259,7 +284,7 @@ def test_simplify_applies_every_rewrite_in_order():
 
 # -- shape facts and slicing, end to end -----------------------------------------------
 
-POINTWISE = '''
+POINTWISE = """
 import torch
 
 
@@ -269,7 +294,7 @@ def f(x: torch.Tensor, w: torch.Tensor):
     def backward(g):
         return g * w * 2.0 * (1 - t * t), (g * t).sum_to_size(w.shape)
     return u, backward
-'''
+"""
 
 
 def _load(text: str) -> dict[str, object]:
@@ -291,7 +316,7 @@ def test_elementwise_with_python_numbers_needs_no_sum_to_size():
     assert torch.autograd.gradgradcheck(op, (x, w))
 
 
-SHAPE_OFF_SAVED = '''
+SHAPE_OFF_SAVED = """
 import torch
 
 
@@ -303,7 +328,7 @@ def f(x: torch.Tensor, w: torch.Tensor):
         gx = r * (g * w - x * r * (g * w * x * r).sum(-1, keepdim=True) / n)
         return gx, (g * x * r).reshape(-1, n).sum(0)
     return y, backward
-'''
+"""
 
 
 def test_a_shape_is_read_off_a_saved_tensor_not_carried_beside_it():
@@ -319,41 +344,33 @@ def test_a_shape_is_read_off_a_saved_tensor_not_carried_beside_it():
 
 
 def test_slices_are_conditional_expressions_where_they_fit():
-    closure = _body(
-        """\
+    closure = _body("""\
         h = g * 2
         return h * a, h * b + "a long expression that does not fit on the line" * 3
-        """
-    )
+        """)
     sliced = slice_closure(closure, ["grad_a", "grad_b"], ["need_a", "need_b"], 60)
     assert sliced is not None
-    assert _code(sliced.statements) == textwrap.dedent(
-        """\
+    assert _code(sliced.statements) == textwrap.dedent("""\
         h = g * 2
         grad_a = h * a if need_a else None
         if need_b:
             grad_b = h * b + "a long expression that does not fit on the line" * 3
-        """
-    )
+        """)
     assert sliced.assigned == {"grad_a"}
 
 
 def test_slicing_keeps_a_read_before_the_rebinding_it_precedes():
     """`gy = grad` then `grad = grad * t`: slicing per gradient would run x's slice
     first and hand y the rebound gradient; such a closure stays as written."""
-    closure = _body(
-        """\
+    closure = _body("""\
         gy = grad
         grad = grad * t
         return grad, gy
-        """
-    )
+        """)
     assert slice_closure(closure, ["grad_x", "gy"], ["need_x", "need_y"]) is None
-    independent = _body(
-        """\
+    independent = _body("""\
         gy = grad
         gx = grad * t
         return gx, gy
-        """
-    )
+        """)
     assert slice_closure(independent, ["gx", "gy"], ["need_x", "need_y"]) is not None

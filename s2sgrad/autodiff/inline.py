@@ -11,6 +11,7 @@ result, torch, math and builtins.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import warnings
 from collections.abc import Mapping, Sequence
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from s2sgrad.autodiff.registry import Rule
+from s2sgrad.autodiff.registry import TENSOR_TEST, Rule
 from s2sgrad.cst import (
     NameRewriter,
     as_expression,
@@ -196,6 +197,54 @@ class _Fold(cst.CSTTransformer):
         if isinstance(orelse, cst.If):
             return orelse
         return cst.FlattenSentinel(statements(orelse.body))
+
+
+class _TypeTests(cst.CSTTransformer):
+    """Write `isinstance(p, torch.Tensor)` as `True` or `False` where `known` says."""
+
+    def __init__(self, known: Mapping[str, bool]) -> None:
+        self.known = known
+
+    def leave_Call(
+        self, original_node: cst.Call, updated_node: cst.Call
+    ) -> cst.BaseExpression:
+        if not m.matches(updated_node, TENSOR_TEST):
+            return updated_node
+        tested = updated_node.args[0].value
+        assert isinstance(tested, cst.Name)
+        if tested.value not in self.known:
+            return updated_node
+        return cst.Name("True" if self.known[tested.value] else "False")
+
+
+def settled(rule: Rule, known: Mapping[str, bool]) -> Rule:
+    """`rule` with its type tests on the parameters in `known` settled and folded.
+
+    `known` says, per parameter, whether the call's argument is a tensor (True) or a
+    Python number (False); a rule written for both (`pow_`) then keeps only the
+    branch the call takes, which also spares reading what only the other one reads.
+    """
+    known = {p: k for p, k in known.items() if p in rule.type_tested}
+    if not known:
+        return rule
+    tests = _TypeTests(known)
+    body: list[cst.BaseStatement] = []
+    for statement in rule.body:
+        new = _fold(_unelif(as_statement(statement.visit(tests))))
+        if isinstance(new, cst.FlattenSentinel):
+            body += [as_statement(n) for n in new.nodes]
+        elif isinstance(new, cst.BaseStatement):
+            body.append(new)
+    entries = tuple(
+        None if e is None else as_expression(_fold(as_expression(e.visit(tests))))
+        for e in rule.entries
+    )
+    return dataclasses.replace(
+        rule,
+        body=tuple(body),
+        entries=entries,
+        type_tested=rule.type_tested - set(known),
+    )
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,9 @@ class Rule:
     metadata_only: frozenset[str] = frozenset()
     #: The collected remaining positional arguments, for varargs spellings.
     varargs: str | None = None
+    #: Parameters backward tests with `isinstance(p, torch.Tensor)`: where the call's
+    #: argument is known to be a tensor, or a number, the test is settled when inlined.
+    type_tested: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -75,16 +78,30 @@ def rule_from(diff: Differentiator) -> Rule | None:
         p.name: p.node.default for p in diff.params if p.node.default is not None
     }
     out = diff.outputs[0].value if isinstance(diff.outputs[0], cst.Name) else None
+    params = tuple(p.name for p in diff.params)
+    tested = {
+        test.args[0].value.value
+        for test in findall(diff.backward.body, TENSOR_TEST)
+        if isinstance(test, cst.Call) and isinstance(test.args[0].value, cst.Name)
+    }
     return Rule(
         diff.name,
-        tuple(p.name for p in diff.params),
+        params,
         defaults,
         tuple(body[:-1]),
         entries,
         diff.grad_params[0],
         out,
         frozenset(c.name for c in diff.captures if c.metadata_only),
+        type_tested=frozenset(tested & set(params)),
     )
+
+
+#: `isinstance(name, torch.Tensor)`, the one type test a rule's backward may settle.
+TENSOR_TEST = m.Call(
+    func=m.Name("isinstance"),
+    args=[m.Arg(m.Name()), m.Arg(m.Attribute(m.Name("torch"), m.Name("Tensor")))],
+)
 
 
 def _table(module: cst.Module, name: str) -> dict[str, str]:

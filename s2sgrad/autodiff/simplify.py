@@ -11,7 +11,8 @@ their transforms:
 - `first_contributions`: `acc = _accumulate(acc, e)` where `acc` is still None is
   `acc = e`;
 - `merge_repeats`: the same contribution added twice in a row is added once, doubled;
-- `forward_copies`: `t = e` then `acc = t` (nothing else reads `t`) is `acc = e`;
+- `forward_copies`: `t = e` then `acc = t` (nothing else reads `t`) is `acc = e`, and
+  `t = e` then `acc = _accumulate(acc, t)` is `acc = _accumulate(acc, e)`;
 - `propagate_copies`: `a = b` is dropped and `a` read as `b`, where `a` is bound there
   only and `b` is not rebound after it.
 
@@ -452,8 +453,9 @@ _COPY = m.SimpleStatementLine(
 def forward_copies(
     body: Sequence[cst.BaseStatement], keep: Collection[str] = ()
 ) -> list[cst.BaseStatement]:
-    """`t = e` then `acc = t`, where nothing else reads `t`, is `acc = e`; `keep` are
-    names read after `body`, never dropped."""
+    """`t = e` then `acc = t`, where nothing else reads `t`, is `acc = e` (and
+    `acc = _accumulate(acc, t)` is `acc = _accumulate(acc, e)`); `keep` are names read
+    after `body`, never dropped."""
     reads = name_counts(*body)
     for name in keep:
         reads[name] = reads.get(name, 0) + 1
@@ -492,8 +494,40 @@ def _copies(
                     body=[bound.with_changes(targets=copy.targets)]
                 )
                 continue
+        carried = _carried(out[-1], statement, reads) if out else None
+        if carried is not None:
+            out[-1] = carried
+            continue
         out.append(statement)
     return out
+
+
+def _carried(
+    previous: cst.BaseStatement, statement: cst.BaseStatement, reads: dict[str, int]
+) -> cst.BaseStatement | None:
+    """`t = e` then `acc = _accumulate(acc, t)`, where nothing else reads `t`, as
+    `acc = _accumulate(acc, e)`; else None."""
+    contribution = _contribution(statement)
+    if contribution is None or not isinstance(contribution[1], cst.Name):
+        return None
+    carrier = contribution[1].value
+    if reads.get(carrier) != 2 or not m.matches(
+        previous,
+        m.SimpleStatementLine(
+            body=[m.Assign(targets=[m.AssignTarget(m.Name(carrier))])]
+        ),
+    ):
+        return None
+    assert isinstance(previous, cst.SimpleStatementLine)
+    assert isinstance(statement, cst.SimpleStatementLine)
+    bound, add = previous.body[0], statement.body[0]
+    assert isinstance(bound, cst.Assign) and isinstance(add, cst.Assign)
+    assert isinstance(add.value, cst.Call)
+    value = bound.value.with_changes(lpar=[], rpar=[])
+    call = add.value.with_changes(
+        args=[add.value.args[0], add.value.args[1].with_changes(value=value)]
+    )
+    return statement.with_changes(body=[add.with_changes(value=call)])
 
 
 # -- copy propagation -----------------------------------------------------------------

@@ -18,7 +18,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.autodiff.inline import inline, parenthesize, rule_reads
+from s2sgrad.autodiff.inline import inline, parenthesize, rule_reads, settled
 from s2sgrad.autodiff.program import Assign, Branch, Opaque, Program, Step, Version
 from s2sgrad.autodiff.registry import Registry, Rule
 from s2sgrad.autodiff.shapes import ShapeFacts, class_of
@@ -35,6 +35,7 @@ from s2sgrad.values import (
     SCALAR,
     SEQ,
     SETITEM,
+    TENSOR,
     UNKNOWN,
     Evaluator,
     ModuleFacts,
@@ -350,6 +351,7 @@ class Generator:
             self.sibling_vjp(node, sibling, grad, env, body, line)
             return
         rule, args = self.match(node, env, line)
+        rule = settled(rule, self._tensors(rule, args, env))
         wanted = {
             i
             for i, p in enumerate(rule.params)
@@ -380,6 +382,23 @@ class Generator:
                     node, arg, converted[rule.params[i]], entry, env
                 )
             self.operand(arg, entry, env, body, line, rule.name.rstrip("_"))
+
+    def _tensors(
+        self,
+        rule: Rule,
+        args: Mapping[str, cst.BaseExpression],
+        env: Mapping[str, Version],
+    ) -> dict[str, bool]:
+        """Per type-tested parameter whose argument is surely a tensor (True) or
+        surely a Python number (False), which."""
+        known = {}
+        for param in rule.type_tested & set(args):
+            kinds = self.value(args[param], env).kinds
+            if kinds == {TENSOR}:
+                known[param] = True
+            elif kinds == {NUMBER}:
+                known[param] = False
+        return known
 
     def _pointwise(self, node: cst.BaseExpression) -> bool:
         """Whether the op broadcasts its operands to its result, elementwise."""
