@@ -6,7 +6,10 @@ Pure: reads no files and no environment. The CLI and the import hook both call
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import gc
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -46,7 +49,7 @@ def convert(source: str, origin: Origin, options: Options) -> str:
     them lifted, differentiated, emitted and formatted in forked processes, each
     taking a run of them in source order; the text is the same byte for byte.
     """
-    with remembering():
+    with remembering(), _fewer_collections():
         front = _front(source, origin, options)
         sources = [diff for diff, _ in front.judged]
         if collisions(front.parsed, sources):
@@ -82,9 +85,33 @@ def analyse(
     `s2sgrad review` shows these records beside the text generated from them. The
     stages ask about the same subtrees again: each is walked once (`remembering`).
     """
-    with remembering():
+    with remembering(), _fewer_collections():
         front = _front(source, origin, options)
         return front.parsed, _differentiated(front, options)
+
+
+#: The youngest generation's threshold while a module converts (Python's is 700).
+_YOUNG_THRESHOLD = 50_000
+
+
+@contextlib.contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """Collect the youngest generation less often while a module converts.
+
+    A conversion makes millions of short-lived objects beside trees that live to
+    the end (libcst's nodes, their metadata), and at Python's default thresholds
+    the collector spent a quarter of the time walking them: 2.9 s against 2.5 s
+    for tests/corpus/ as one module, 6.4 s against 4.6 s for the benchmark input,
+    at the same peak memory (turning the collector off gained no more, and took
+    70 % more memory). The thresholds are restored afterwards: the import hook
+    converts inside the user's process.
+    """
+    young, *older = gc.get_threshold()
+    gc.set_threshold(max(young, _YOUNG_THRESHOLD), *older)
+    try:
+        yield
+    finally:
+        gc.set_threshold(young, *older)
 
 
 class _Front(NamedTuple):

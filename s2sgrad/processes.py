@@ -8,6 +8,7 @@ than it saves. Linux only: elsewhere the work runs here.
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -58,9 +59,21 @@ def fork_map(
         )
     except (ImportError, ValueError, OSError, NotImplementedError):
         return None
-    with pool:
-        futures = [pool.submit(_call, fn, run) for run in runs]
-        return [future.result() for future in futures]
+    # What this process holds now is only read by the forked ones: frozen, the
+    # collector there leaves it alone instead of touching (and so copying) its
+    # pages, as Python's documentation of `gc.freeze` advises before a fork. Where
+    # something froze objects already (the CLI freezes the engine it loaded), they
+    # are left as they are: thawing ours would thaw those too.
+    thaw = gc.get_freeze_count() == 0
+    if thaw:
+        gc.freeze()
+    try:
+        with pool:
+            futures = [pool.submit(_call, fn, run) for run in runs]
+            return [future.result() for future in futures]
+    finally:
+        if thaw:
+            gc.unfreeze()
 
 
 def _adopt(state: object) -> None:

@@ -352,3 +352,63 @@ def test_a_failure_in_a_forked_run_is_the_one_the_serial_loop_reports():
     assert found[0] == found[1]
     assert [code for code, *_ in found[0]] == ["S2S121"]
     assert found[0][0][1] == source.splitlines().index(rule.splitlines()[1]) + 1
+
+
+def test_a_conversion_collects_garbage_rarely_and_restores_the_thresholds():
+    """The import hook converts inside the user's process: the collector's thresholds
+    are raised while a module converts (and in the processes it forks), and given
+    back as they were, even when the conversion fails."""
+    import gc
+
+    from s2sgrad import pipeline
+    from s2sgrad.diagnostics import TransformError
+    from s2sgrad.header import Origin
+    from s2sgrad.options import Options
+
+    seen = []
+    front = pipeline._front
+
+    def spy(*args, **kwargs):
+        seen.append(gc.get_threshold())
+        return front(*args, **kwargs)
+
+    before = gc.get_threshold()
+    pipeline._front = spy
+    try:
+        pipeline.convert(differentiator("a", 2.0), Origin("a.py", "a"), Options())
+        with pytest.raises(TransformError):
+            pipeline.convert(BAD, Origin("bad.py", "bad"), Options())
+    finally:
+        pipeline._front = front
+    assert gc.get_threshold() == before
+    assert len(seen) == 2
+    assert all(young >= pipeline._YOUNG_THRESHOLD for young, *_ in seen)
+    assert all(older == list(before[1:]) for _, *older in seen)
+
+
+def _run_length(run, state):
+    return (run[1] - run[0]) * state
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forked processes on Linux only")
+def test_forked_runs_leave_nothing_frozen_here():
+    """`fork_map` freezes this process's objects for the fork (the children's
+    collector then leaves their pages alone) and thaws them after, also when a run
+    fails; what was frozen before (the CLI freezes the engine) stays frozen."""
+    import gc
+
+    from s2sgrad.processes import fork_map
+
+    gc.unfreeze()  # whatever an earlier test in this process froze
+    assert fork_map(_run_length, [(0, 2), (2, 5)], 10, 2) == [20, 30]
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(TypeError):
+        fork_map(_run_length, [(0, 2)], None, 2)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert fork_map(_run_length, [(0, 2)], 10, 2) == [20]
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
