@@ -210,6 +210,8 @@ def _why_not(
     values: Mapping[str, Value],
 ) -> str | None:
     """Why a write cannot be rewritten out of place, or None when it can."""
+    if write.kind == "helper":
+        return f"the helper `{write.code}` writes to the parameter it is given"
     if write.kind == "out" or call is None:
         return "`out=` writes into it"
     if _twin(diff, write, call) is None:
@@ -861,7 +863,7 @@ def _reject(write: InPlace, why: str, path: str, lines: Sequence[str]) -> Diagno
 def _shown(write: InPlace) -> str:
     return (
         f"`{write.code}(...)`"
-        if write.kind in ("method", "function")
+        if write.kind in ("method", "function", "helper")
         else f"`out={write.code}`"
         if write.kind == "out"
         else f"`{write.code}`"
@@ -870,6 +872,11 @@ def _shown(write: InPlace) -> str:
 
 def _hint(write: InPlace) -> str:
     name = write.name
+    if write.kind == "helper":
+        return (
+            f"have `{write.code}` compute the new value out of place and return it, "
+            f"and bind the result to a new name (`{name}_new = {write.code}(...)`)"
+        )
     if write.kind == "store":
         return (
             f"give `{name}` a tensor of its own before the store (`{name} = "

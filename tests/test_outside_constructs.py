@@ -425,7 +425,12 @@ RULE = """def NAME(x, PARAM):
 
 @pytest.mark.parametrize(
     "first,second",
-    [("gelu", "gelu_"), ("foo_bar", "fooBar"), ("gelu", "gelu_forward"), ("gelu", "GeluFunction")],
+    [
+        ("gelu", "gelu_"),
+        ("foo_bar", "fooBar"),
+        ("gelu", "gelu_forward"),
+        ("gelu", "GeluFunction"),
+    ],
 )
 def test_two_differentiators_whose_generated_names_meet_are_refused(first, second):
     """`gelu` and `gelu_` both make `GeluFunction`: the second class replaced the
@@ -438,7 +443,9 @@ def test_two_differentiators_whose_generated_names_meet_are_refused(first, secon
 
 
 def test_a_parameter_named_like_a_generated_definition_is_refused():
-    source = "import torch\n\n\n" + RULE.replace("NAME", "gate").replace("PARAM", "GateFunction")
+    source = "import torch\n\n\n" + RULE.replace("NAME", "gate").replace(
+        "PARAM", "GateFunction"
+    )
     code, line, column = _refused(source)
     assert (code, line, column) == ("S2S114", 4, 13)
 
@@ -473,7 +480,12 @@ def test_an_augmented_assignment_after_rebinding_the_parameter(tmp_path):
     source = AUGMENTED.replace("BEFORE", "x = x * 2.0").replace("OP", "+=")
     source = source.replace("return d * w, d * x", "return 2.0 * d * w, d * x")
     closures, generated = import_pair(tmp_path, source, "rebound")
-    _check(closures, generated, "f", [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)])
+    _check(
+        closures,
+        generated,
+        "f",
+        [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)],
+    )
 
 
 def test_an_augmented_assignment_on_a_number_parameter_converts(tmp_path):
@@ -528,5 +540,70 @@ def test_an_in_place_op_written_out_of_place_keeps_the_dtype(tmp_path, write):
     for got, expected in zip(found[1][1:], found[0][1:], strict=True):
         # The closure's backward against autograd's, each rounding in bfloat16.
         torch.testing.assert_close(got.float(), expected.float(), rtol=5e-2, atol=5e-2)
+    values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
+    _check(closures, generated, "f", values)
+
+
+# -- a module helper that changes the tensor it is given ------------------------------
+
+HELPER_WRITES = """import torch
+
+
+def _bump(t):
+    t.mul_(2.0)
+
+
+def _bump_twice(s, k=2):
+    for _ in range(k):
+        _bump(s)
+
+
+def _fill(buffer, where):
+    buffer[where] = 1.0
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    u = x * w
+    CALL
+    def backward(g):
+        return g * 2.0 * u * w, g * 2.0 * u * x
+    return u * u, backward
+"""
+
+
+@pytest.mark.parametrize(
+    ("call", "column"),
+    [("_bump(u)", 11), ("_bump_twice(u)", 17), ("_bump_twice(k=1, s=u)", 22)],
+)
+def test_a_helper_that_changes_a_temporary_in_place_is_refused(call, column):
+    """The closure runs `_bump(u)`, which doubles `u`; the op ran it too, but the
+    promoted temporary's gradient was that of `u = x * w`, and orders 2 and 3 were
+    silently wrong (an outside probe's `_bump(x)` pattern). A helper's body is not
+    rewritten, so the call is S2S123 at the argument, through a helper of a helper
+    and by keyword too."""
+    assert _refused(HELPER_WRITES.replace("CALL", call)) == ("S2S123", 19, column)
+
+
+def test_a_helper_that_changes_an_input_in_place_is_refused():
+    assert _refused(HELPER_WRITES.replace("CALL", "_bump(x)")) == ("S2S103", 19, 11)
+
+
+def test_a_helper_that_changes_a_captured_value_in_backward_is_refused():
+    source = HELPER_WRITES.replace("CALL", "pass").replace(
+        "        return g * 2.0", "        _bump(u)\n        return g * 2.0"
+    )
+    assert _refused(source) == ("S2S103", 21, 15)
+
+
+def test_a_helper_that_fills_a_buffer_without_a_gradient_converts(tmp_path):
+    """A helper that writes into a tensor forward made without a gradient (a mask)
+    changes nothing autograd tracks: the op runs it as written and is right."""
+    source = HELPER_WRITES.replace(
+        "    u = x * w\n    CALL\n",
+        "    mask = torch.zeros_like(x)\n    _fill(mask, x > 0)\n    u = x * w * mask\n",
+    ).replace(
+        "g * 2.0 * u * w, g * 2.0 * u * x", "g * 2 * u * w * mask, g * 2 * u * x * mask"
+    )
+    closures, generated = import_pair(tmp_path, source, "helper_fills")
     values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
     _check(closures, generated, "f", values)

@@ -65,7 +65,8 @@ class InPlace:
     name: str
     node: cst.CSTNode
     #: method (`t.add_(...)`), function (`torch.relu_(t)`), inplace (`inplace=True`),
-    #: out (`out=t`) or store (`t[0] = 0`, `t[0] += 1`, `t.data = ...`).
+    #: out (`out=t`), store (`t[0] = 0`, `t[0] += 1`, `t.data = ...`) or helper
+    #: (`_bump(t)`, a module function that changes its parameter in place).
     kind: str
     #: The code that writes, as written: `t.add_`, `torch.relu_`, `t[0] = ...`.
     code: str

@@ -11,8 +11,9 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import difflib
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import libcst as cst
 import libcst.matchers as m
@@ -91,6 +92,43 @@ class ScopeAnalysis:
             if isinstance(a, ImportAssignment)
         )
         self._accesses: dict[cst.CSTNode, Access] | None = None
+        #: Per module helper the differentiators call: its positional parameters,
+        #: and those it changes in place (`learn_helpers`).
+        self.helper_writes: dict[str, _HelperWrites] = {}
+
+    def learn_helpers(self, helpers: Sequence[cst.FunctionDef]) -> None:
+        """Find which parameters each helper changes in place: directly
+        (`t.mul_(2)`, `t[0] = 0`, `out=t`), or by handing them to a helper that does.
+
+        A call `_bump(u)` in forward then changes `u` as `u.mul_(2)` would, and is
+        judged as that write is: an input's change is refused, a change of a value
+        that carries a gradient cannot be written out of place (a helper's body is
+        not rewritten) and is refused too; without it the promoted temporary's
+        gradient missed the change and orders 2 and 3 were silently wrong.
+        """
+        table = {
+            h.name.value: _HelperWrites(_positional_names(h), frozenset())
+            for h in helpers
+        }
+        for _ in range(len(helpers)):  # a helper's writes reach its callers
+            changed = False
+            for helper in helpers:
+                names = {p.name.value for p in _all_params(helper)}
+                renamed = _param_names(helper, names)
+                finder = _MutationFinder(None, self.imported, self._qualified, table)
+                walk(helper.body, finder)
+                written = frozenset(
+                    renamed.get(hit.name, hit.name)
+                    for hit in finder.hits
+                    if hit.kind not in ("container", "del")
+                ) & names
+                entry = table[helper.name.value]
+                if written != entry.written:
+                    table[helper.name.value] = entry._replace(written=written)
+                    changed = True
+            if not changed:
+                break
+        self.helper_writes = {n: w for n, w in table.items() if w.written}
 
     def _qualified(self, node: cst.CSTNode) -> str | None:
         """The one module-level qualified name `node` spells (`F.relu`:
@@ -186,7 +224,9 @@ class ScopeAnalysis:
                 uses.items(), key=lambda kv: min(self._pos(x.name) for x in kv[1])
             )
         )
-        finder = _MutationFinder(backward, self.imported, self._qualified)
+        finder = _MutationFinder(
+            backward, self.imported, self._qualified, self.helper_writes
+        )
         walk(forward.body, finder)
         found += self._augmented_before_assignment(finder.augmented)
         problems, writes = self._mutations(forward, finder.hits, captures)
@@ -493,6 +533,19 @@ def _string_annotation_names(
             yield string, name.value
 
 
+class _HelperWrites(NamedTuple):
+    """A module helper's positional parameters, in order, and the parameters it
+    changes in place."""
+
+    positional: tuple[str, ...]
+    written: frozenset[str]
+
+
+def _positional_names(function: cst.FunctionDef) -> tuple[str, ...]:
+    p = function.params
+    return tuple(x.name.value for x in (*p.posonly_params, *p.params))
+
+
 @dataclass(frozen=True)
 class _Hit:
     """One in-place write found by `_MutationFinder`."""
@@ -502,8 +555,9 @@ class _Hit:
     in_backward: bool
     #: method (`t.add_()`), function (`torch.relu_(t)`), inplace (`inplace=True`),
     #: container (`calls.append(x)`, in backward),
-    #: out (`out=t`), store (`t[0] = 0`, `t.data = ...`, `t[0] += 1`, `del t[0]`)
-    #: or del (`del t`).
+    #: out (`out=t`), store (`t[0] = 0`, `t.data = ...`, `t[0] += 1`, `del t[0]`),
+    #: del (`del t`) or helper (`_bump(t)`, a module function that changes the
+    #: parameter it is given in place).
     kind: str
     #: The code that mutates, as written: `t.add_`, `torch.relu_`, `t[0]`.
     code: str
@@ -566,6 +620,13 @@ def _describe(hit: _Hit, what: str) -> tuple[str, str]:
             f"build a new value instead (`{name}_new = [*{name}, item]`, "
             f"`{{**{name}, key: value}}`): {why}",
         )
+    if hit.kind == "helper":
+        return (
+            f"`{hit.code}(...)` changes {what} in place: the helper `{hit.code}` "
+            "writes to the parameter it is given",
+            f"have `{hit.code}` compute the new value out of place and return it, "
+            f"and bind the result to a new name (`{name}_new = {hit.code}(...)`)",
+        )
     if hit.kind == "inplace":
         return (
             f"`{hit.code}(..., inplace=True)` mutates {what} in place",
@@ -599,13 +660,15 @@ class _MutationFinder(cst.CSTVisitor):
 
     def __init__(
         self,
-        backward: cst.FunctionDef,
+        backward: cst.FunctionDef | None,
         imported: frozenset[str],
         qualified: Callable[[cst.CSTNode], str | None],
+        helpers: Mapping[str, _HelperWrites],
     ) -> None:
         self.backward = backward
         self.imported = imported
         self.qualified = qualified
+        self.helpers = helpers
         self.depth_in_backward = 0
         self.hits: list[_Hit] = []
         #: `name += ...` statements, for the read-before-assignment check.
@@ -657,6 +720,20 @@ class _MutationFinder(cst.CSTVisitor):
         if isinstance(func, cst.Call) and positional and _says_inplace(func):
             # `nn.ReLU(inplace=True)(t)`: the module made there changes `t`.
             self._hit(func, positional[0].value, "inplace", _code(func.func))
+        helper = self.helpers.get(func.value) if isinstance(func, cst.Name) else None
+        if helper is not None:
+            # `_bump(u)`, where `_bump` changes the parameter `u` is given for.
+            for i, arg in enumerate(node.args):
+                if arg.star:
+                    continue
+                if arg.keyword is not None:
+                    param: str | None = arg.keyword.value
+                elif i < len(helper.positional):
+                    param = helper.positional[i]
+                else:
+                    param = None
+                if param in helper.written:
+                    self._hit(arg, arg.value, "helper", _code(func))
         for arg in node.args:
             if arg.keyword is None:
                 continue
