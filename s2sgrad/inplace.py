@@ -34,6 +34,7 @@ from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names, may_alias_at
 from s2sgrad.lines import line_text
+from s2sgrad.sharing import may_share
 from s2sgrad.values import NUMBER, OTHER, SEQ, SETITEM, SETITEM_NAME, TENSOR, Value
 
 
@@ -512,74 +513,7 @@ def _whole_statement(diff: Differentiator, node: cst.CSTNode) -> bool:
 
 def _may_view(diff: Differentiator, value: cst.BaseExpression, name: str) -> bool:
     """Whether `value` may be `name`'s tensor or share its memory."""
-    if isinstance(value, cst.Name):
-        return value.value == name
-    if isinstance(value, cst.Attribute) and value.attr.value in _METADATA:
-        return False
-    if isinstance(value, (cst.Subscript, cst.Attribute)):
-        return _may_view(diff, value.value, name)
-    if isinstance(value, cst.IfExp):
-        return _may_view(diff, value.body, name) or _may_view(diff, value.orelse, name)
-    if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
-        return any(_may_view(diff, e.value, name) for e in value.elements)
-    if isinstance(value, cst.Dict):
-        return any(
-            isinstance(e, cst.DictElement) and _may_view(diff, e.value, name)
-            for e in value.elements
-        )
-    if isinstance(value, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
-        return any(
-            isinstance(n, cst.Name) and n.value == name for n in findall(value, m.Name())
-        )
-    if isinstance(value, cst.BinaryOperation) and isinstance(
-        value.operator, cst.Multiply
-    ):
-        # `[h] * 2` holds `h` twice.
-        return any(
-            isinstance(side, (cst.List, cst.Tuple)) and _may_view(diff, side, name)
-            for side in (value.left, value.right)
-        )
-    if isinstance(value, cst.Call) and not isinstance(value.func, cst.Attribute):
-        # `list((h,))`, `max([h], ...)`, `(lambda a: a)(h)`, `nn.Identity()(h)`. A
-        # call of a module-level function by name is read as making a new value
-        # (`y = softsign(h); y /= 4` is common, and helper bodies are not read).
-        if isinstance(value.func, cst.Name) and value.func.value not in _HOLDERS:
-            return False
-        return any(_may_view(diff, a.value, name) for a in value.args)
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
-        func = value.func
-        qualified = diff.qualified_names.get(func) if dotted(func) else None
-        if qualified is not None:
-            first = [a for a in value.args if a.keyword is None][:1]
-            shares = opfacts.is_view(qualified) or opfacts.returns_input(qualified)
-            return bool(first) and shares and _may_view(diff, first[0].value, name)
-        method = f"torch.Tensor.{func.attr.value}"
-        shares = opfacts.is_view(method) or opfacts.returns_input(method)
-        return shares and _may_view(diff, func.value, name)
-    return False
-
-
-#: Builtins whose result may hold, or be, one of their arguments' tensors.
-_HOLDERS = frozenset(
-    {
-        "list",
-        "tuple",
-        "dict",
-        "set",
-        "frozenset",
-        "zip",
-        "enumerate",
-        "reversed",
-        "sorted",
-        "iter",
-        "next",
-        "min",
-        "max",
-        "getattr",
-    }
-)
-#: Attributes that are a tensor's metadata, not a view of its memory.
-_METADATA = frozenset({"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda"})
+    return may_share(value, name, diff.qualified_names.get, diff.handing_back)
 
 
 class _Rewrite(cst.CSTTransformer):

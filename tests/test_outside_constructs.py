@@ -607,3 +607,53 @@ def test_a_helper_that_fills_a_buffer_without_a_gradient_converts(tmp_path):
     closures, generated = import_pair(tmp_path, source, "helper_fills")
     values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
     _check(closures, generated, "f", values)
+
+
+HANDS_BACK = """import torch
+
+
+HELPER
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    h = x * w
+    hs = _h(h)
+    h += 1.0
+    def backward(g):
+        return g * w, g * x
+    return hs[0] * 1.0, backward
+"""
+
+HANDING_HELPERS = {
+    "a list": "def _h(t):\n    return [t]",
+    "a list filled": "def _h(t):\n    out = []\n    out.append(t)\n    return out",
+    "a tuple": "def _h(t, k=2):\n    return (t, k)",
+    "through a helper": "def _w(t):\n    return [t]\n\n\ndef _h(t):\n    return _w(t)",
+    "a view": "def _h(t):\n    return t.view(1, *t.shape)",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HANDING_HELPERS))
+def test_a_helper_that_hands_back_its_argument_shares_it(case):
+    """`hs = _h(h); h += 1.0`: the closure's `h += 1.0` adds in place, so `hs[0]`
+    (the same tensor) changes too. Calls of module helpers were read as making new
+    values, `h += 1.0` was written `h = h + 1.0`, and the op returned the old value
+    (a wrong output). Helper bodies are now read for what they may hand back: the
+    write is S2S123 where its line is."""
+    source = HANDS_BACK.replace("HELPER", HANDING_HELPERS[case])
+    code, line, _ = _refused(source)
+    assert (code, line) == (
+        "S2S123",
+        source[: source.index("h += 1.0")].count("\n") + 1,
+    )
+
+
+def test_a_helper_that_returns_a_new_value_does_not_share(tmp_path):
+    """`_h` builds a new tensor: `h += 1.0` is read as `h = h + 1.0`, as in the
+    random program softsign case, and the op matches autograd at orders 1-3."""
+    source = HANDS_BACK.replace("HELPER", "def _h(t):\n    return [t * 2.0]").replace(
+        "return g * w, g * x", "return g * 2.0 * w, g * 2.0 * x"
+    )
+    closures, generated = import_pair(tmp_path, source, "hands_new")
+    values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
+    _check(closures, generated, "f", values)

@@ -136,6 +136,9 @@ class Differentiator:
     pragmas: Mapping[str, str]
     #: In-place writes in forward to values forward created.
     writes: tuple[InPlace, ...] = ()
+    #: The module helpers that may return an argument they are given, or a container
+    #: holding one (`return t`, `return [t]`): what they return may share its tensor.
+    handing_back: frozenset[str] = frozenset()
     #: Names bound in backward and used nowhere else: each one's Name nodes (lifting
     #: renames one that a generated keyword parameter needs).
     backward_locals: Mapping[str, tuple[cst.Name, ...]] = dataclasses.field(

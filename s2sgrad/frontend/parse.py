@@ -754,6 +754,7 @@ def _build(
         },
         pragmas=pragmas,
         writes=facts.writes,
+        handing_back=analysis.handing_back,
         backward_locals=facts.backward_locals,
     )
     return record, []

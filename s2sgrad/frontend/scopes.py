@@ -41,6 +41,7 @@ from s2sgrad.frontend.model import (
     InPlace,
     Use,
 )
+from s2sgrad.sharing import may_share
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ class ScopeAnalysis:
         #: Per module helper the differentiators call: its positional parameters,
         #: and those it changes in place (`learn_helpers`).
         self.helper_writes: dict[str, _HelperWrites] = {}
+        #: The helpers that may hand back an argument (`learn_helpers`).
+        self.handing_back: frozenset[str] = frozenset()
 
     def learn_helpers(self, helpers: Sequence[cst.FunctionDef]) -> None:
         """Find which parameters each helper changes in place: directly
@@ -129,6 +132,18 @@ class ScopeAnalysis:
             if not changed:
                 break
         self.helper_writes = {n: w for n, w in table.items() if w.written}
+        handing: set[str] = set()
+        for _ in range(len(helpers)):  # `return _wrap(t)` hands back what `_wrap` does
+            grown = {
+                h.name.value
+                for h in helpers
+                if h.name.value not in handing
+                and _hands_back(h, self._qualified, frozenset(handing))
+            }
+            if not grown:
+                break
+            handing |= grown
+        self.handing_back = frozenset(handing)
 
     def _qualified(self, node: cst.CSTNode) -> str | None:
         """The one module-level qualified name `node` spells (`F.relu`:
@@ -539,6 +554,69 @@ class _HelperWrites(NamedTuple):
 
     positional: tuple[str, ...]
     written: frozenset[str]
+
+
+def _hands_back(
+    helper: cst.FunctionDef,
+    qualified: Callable[[cst.CSTNode], str | None],
+    handing: frozenset[str],
+) -> bool:
+    """Whether `helper` may return one of its parameters' objects, a part or view of
+    one, or a container holding one: the names that may carry a parameter grow
+    through the body's bindings (`out = [t]`, `out.append(t)`, `out[0] = t`) until
+    none is added, then each `return` is asked."""
+    carriers = {p.name.value for p in _all_params(helper)}
+    bindings: list[tuple[set[str], cst.BaseExpression]] = []
+    for node in findall(
+        helper.body, m.Assign() | m.AnnAssign() | m.AugAssign() | m.For() | m.Call()
+    ):
+        targets: list[cst.BaseExpression]
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+            value: cst.BaseExpression | None = node.value
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            targets, value = [node.target], node.value
+        elif isinstance(node, cst.For):
+            targets, value = [node.target], node.iter
+        else:
+            assert isinstance(node, cst.Call)
+            func = node.func
+            if not (
+                isinstance(func, cst.Attribute) and func.attr.value in _CONTAINER_ADDS
+            ):
+                continue
+            targets = [func.value]
+            value = cst.Tuple([cst.Element(a.value) for a in node.args])
+        if value is None:
+            continue
+        names = {
+            base
+            for target in targets
+            for element in _flatten(target)
+            if (base := _base_name(element)) is not None
+        }
+        bindings.append((names, value))
+    for _ in range(len(bindings) + 1):
+        grown = {
+            name
+            for names, value in bindings
+            if names - carriers
+            and any(may_share(value, c, qualified, handing) for c in carriers)
+            for name in names
+        } - carriers
+        if not grown:
+            break
+        carriers |= grown
+    return any(
+        isinstance(r, cst.Return)
+        and r.value is not None
+        and any(may_share(r.value, c, qualified, handing) for c in carriers)
+        for r in findall(helper.body, m.Return())
+    )
+
+
+#: Methods that put their arguments into the list, set or dict they are called on.
+_CONTAINER_ADDS = frozenset({"append", "extend", "insert", "add", "update", "setdefault"})
 
 
 def _positional_names(function: cst.FunctionDef) -> tuple[str, ...]:

@@ -1,0 +1,111 @@
+"""Which values may be, hold or share memory with a named tensor.
+
+The in-place judge (`s2sgrad/inplace.py`) asks it of forward's bindings, and the
+scope analysis (`s2sgrad/frontend/scopes.py`) of module helpers' bodies, to learn
+which helpers may hand an argument back (`return t`, `return [t]`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+
+import libcst as cst
+import libcst.matchers as m
+
+from s2sgrad import opfacts
+from s2sgrad.cst import dotted, findall
+
+
+def may_share(
+    value: cst.BaseExpression,
+    name: str,
+    qualified: Callable[[cst.CSTNode], str | None],
+    handing: Collection[str] = (),
+) -> bool:
+    """Whether `value` may be `name`'s tensor or share its memory.
+
+    `qualified` gives a dotted callee's qualified name (`F.relu`:
+    `torch.nn.functional.relu`); `handing` are the module helpers that may hand an
+    argument back (`learn_helpers` finds them).
+    """
+    if isinstance(value, cst.Name):
+        return value.value == name
+    if isinstance(value, cst.Attribute) and value.attr.value in _METADATA:
+        return False
+    if isinstance(value, (cst.Subscript, cst.Attribute)):
+        return may_share(value.value, name, qualified, handing)
+    if isinstance(value, cst.IfExp):
+        return may_share(value.body, name, qualified, handing) or may_share(
+            value.orelse, name, qualified, handing
+        )
+    if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
+        return any(may_share(e.value, name, qualified, handing) for e in value.elements)
+    if isinstance(value, cst.Dict):
+        return any(
+            isinstance(e, cst.DictElement)
+            and may_share(e.value, name, qualified, handing)
+            for e in value.elements
+        )
+    if isinstance(value, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
+        return any(
+            isinstance(n, cst.Name) and n.value == name
+            for n in findall(value, m.Name())
+        )
+    if isinstance(value, cst.BinaryOperation) and isinstance(
+        value.operator, cst.Multiply
+    ):
+        # `[h] * 2` holds `h` twice.
+        return any(
+            isinstance(side, (cst.List, cst.Tuple))
+            and may_share(side, name, qualified, handing)
+            for side in (value.left, value.right)
+        )
+    if isinstance(value, cst.Call) and not isinstance(value.func, cst.Attribute):
+        # `list((h,))`, `max([h], ...)`, `(lambda a: a)(h)`, `nn.Identity()(h)`, a
+        # module helper that may return its argument (`_wrap(h)` returning `[h]`).
+        # Another call by name makes a new value (`y = softsign(h); y /= 4`).
+        if (
+            isinstance(value.func, cst.Name)
+            and value.func.value not in _HOLDERS
+            and value.func.value not in handing
+        ):
+            return False
+        return any(may_share(a.value, name, qualified, handing) for a in value.args)
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+        func = value.func
+        dotted_name = qualified(func) if dotted(func) else None
+        if dotted_name is not None:
+            first = [a for a in value.args if a.keyword is None][:1]
+            shares = opfacts.is_view(dotted_name) or opfacts.returns_input(dotted_name)
+            return (
+                bool(first)
+                and shares
+                and may_share(first[0].value, name, qualified, handing)
+            )
+        method = f"torch.Tensor.{func.attr.value}"
+        shares = opfacts.is_view(method) or opfacts.returns_input(method)
+        return shares and may_share(func.value, name, qualified, handing)
+    return False
+
+
+#: Builtins whose result may hold, or be, one of their arguments' tensors.
+_HOLDERS = frozenset(
+    {
+        "list",
+        "tuple",
+        "dict",
+        "set",
+        "frozenset",
+        "zip",
+        "enumerate",
+        "reversed",
+        "sorted",
+        "iter",
+        "next",
+        "min",
+        "max",
+        "getattr",
+    }
+)
+#: Attributes that are a tensor's metadata, not a view of its memory.
+_METADATA = frozenset({"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda"})
