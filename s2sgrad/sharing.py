@@ -47,9 +47,22 @@ def may_share(
             for e in value.elements
         )
     if isinstance(value, (cst.ListComp, cst.GeneratorExp, cst.SetComp, cst.DictComp)):
+        # `[t for t in (h, h2)]` holds `h`; `[g for _ in hs]` holds only `g`.
+        carriers = {name}
+        clause: cst.CompFor | None = value.for_in
+        while clause is not None:
+            if any(may_share(clause.iter, c, qualified, handing) for c in carriers):
+                carriers |= {
+                    n.value
+                    for n in findall(clause.target, m.Name())
+                    if isinstance(n, cst.Name)
+                }
+            clause = clause.inner_for_in
+        elements = (
+            [value.key, value.value] if isinstance(value, cst.DictComp) else [value.elt]
+        )
         return any(
-            isinstance(n, cst.Name) and n.value == name
-            for n in findall(value, m.Name())
+            may_share(e, c, qualified, handing) for e in elements for c in carriers
         )
     if isinstance(value, cst.BinaryOperation) and isinstance(
         value.operator, cst.Multiply

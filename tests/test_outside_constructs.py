@@ -657,3 +657,44 @@ def test_a_helper_that_returns_a_new_value_does_not_share(tmp_path):
     closures, generated = import_pair(tmp_path, source, "hands_new")
     values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
     _check(closures, generated, "f", values)
+
+
+BACKWARD_ALIAS = """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    u = x * w
+    def backward(g):
+        WRITE
+        return g * 2 * u * w, g * 2 * u * x
+    return u * u, backward
+"""
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        "a = u.view(-1)\n        a.mul_(1.0)",
+        "a = u\n        b = a\n        b[0] = 0.0",
+        "parts = [u]\n        parts[0].zero_()",
+    ],
+)
+def test_backward_changing_a_captured_value_through_another_name_is_refused(write):
+    """`a = u.view(-1); a.mul_(1.0)` in backward changed the saved `u`: the op
+    converted and its second backward (a double backward, or `retain_graph`) raised
+    torch's version-counter RuntimeError at call time. It is S2S103 at the write."""
+    source = BACKWARD_ALIAS.replace("WRITE", write)
+    code, line, _ = _refused(source)
+    assert code == "S2S103"
+    assert line == 7 + write.count("\n")
+
+
+def test_backward_changing_its_own_copy_converts(tmp_path):
+    """A copy backward makes (`c = g.clone()`, `a = u * 1.0`) is its own to change."""
+    source = BACKWARD_ALIAS.replace(
+        "WRITE",
+        "a = u * 1.0\n        a.mul_(2.0)\n        c = g.clone()\n        c.mul_(1.0)",
+    ).replace("g * 2 * u * w, g * 2 * u * x", "c * a * w, c * a * x")
+    closures, generated = import_pair(tmp_path, source, "backward_copy")
+    values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
+    _check(closures, generated, "f", values)

@@ -244,7 +244,10 @@ class ScopeAnalysis:
         )
         walk(forward.body, finder)
         found += self._augmented_before_assignment(finder.augmented)
-        problems, writes = self._mutations(forward, finder.hits, captures)
+        hits = _through_backward_aliases(
+            finder.hits, backward, {c.name for c in captures}, self._qualified
+        )
+        problems, writes = self._mutations(forward, hits, captures)
         found += problems
         found.sort(key=lambda d: (d.line, d.column))
         ordered_globals = tuple(sorted(globals_used, key=lambda n: globals_used[n]))
@@ -554,6 +557,50 @@ class _HelperWrites(NamedTuple):
 
     positional: tuple[str, ...]
     written: frozenset[str]
+
+
+def _through_backward_aliases(
+    hits: list[_Hit],
+    backward: cst.FunctionDef,
+    captured: set[str],
+    qualified: Callable[[cst.CSTNode], str | None],
+) -> list[_Hit]:
+    """`hits` with a write in backward to a name that may share a captured value's
+    tensor (`a = u.view(-1)`, `a = u`, `parts = [u]`) read as a write to that value:
+    `a.mul_(1)` changes `u`, which backward's second run (or a double backward)
+    then finds changed, a RuntimeError at call time."""
+    shared: dict[str, str] = {}
+    assigns = [
+        a for a in findall(backward.body, m.Assign()) if isinstance(a, cst.Assign)
+    ]
+    for _ in range(len(assigns) + 1):
+        grown = False
+        for assign in assigns:
+            for target in assign.targets:
+                for element in _flatten(target.target):
+                    if not isinstance(element, cst.Name) or element.value in shared:
+                        continue
+                    if element.value in captured:
+                        continue
+                    owner = next(
+                        (
+                            shared.get(c, c)
+                            for c in [*captured, *shared]
+                            if may_share(assign.value, c, qualified)
+                        ),
+                        None,
+                    )
+                    if owner is not None:
+                        shared[element.value] = owner
+                        grown = True
+        if not grown:
+            break
+    return [
+        replace(hit, name=shared[hit.name])
+        if hit.in_backward and hit.kind != "del" and hit.name in shared
+        else hit
+        for hit in hits
+    ]
 
 
 def _hands_back(
