@@ -215,7 +215,8 @@ def test_an_activation_made_in_place_by_its_flag_is_written_out_of_place(
     goes back through the activation (w broadcast, its gradient unreduced)."""
     if "hardtanh" in call:
         source = ACTIVATION.replace(
-            "torch.where(x > 0, 1.5, SLOPE)", "torch.where((t > -0.5) & (t < 0.5), 1.5, 0.0)"
+            "torch.where(x > 0, 1.5, SLOPE)",
+            "torch.where((t > -0.5) & (t < 0.5), 1.5, 0.0)",
         )
     else:
         source = ACTIVATION.replace("SLOPE", slope)
@@ -395,3 +396,150 @@ def test_an_in_place_change_of_a_tensor_a_container_holds(hold):
     (diagnostic,) = caught.value.diagnostics
     assert diagnostic.code == "S2S123"
     assert diagnostic.line == source.splitlines().index("    h += 1.0") + 1
+
+
+# -- a third probe of the rules (probe C): special values, overloads, implicit dims ---
+
+PROBE_C = {
+    # torch sends the gradient to `hi` alone where lo > hi, and to neither bound where
+    # x < lo == hi; the rule sent it to both bounds (orders 2-3 wrong).
+    "clamp_crossed_bounds": (
+        """import torch
+
+
+def f(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, w: torch.Tensor):
+    t = torch.clamp(x, lo, hi)
+    def backward(g):
+        inside = (x >= lo) & (x <= hi)
+        d = g * w
+        return (
+            torch.where(inside, d, 0.0),
+            torch.where((x < lo) & (lo < hi), d, 0.0),
+            torch.where((x > hi) | (hi < lo), d, 0.0),
+            g * t,
+        )
+    return t * w, backward
+""",
+        lambda: [_r(3, 4), _r(4, seed=1) + 0.5, _r(4, seed=2) - 0.5, _r(4, seed=3)],
+    ),
+    # `torch.var(x, False)` is the `unbiased` overload: the bool was bound to `dim`
+    # (a crash at order 2).
+    "var_unbiased_by_position": (
+        """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.var(x, False)
+    def backward(g):
+        n = x.numel()
+        return (g * w).sum() * 2.0 * (x - x.mean()) / n, g * t
+    return t * w, backward
+""",
+        lambda: [_r(3, 4), _r(4, seed=1)],
+    ),
+    # F.softmax's `dim=None` is an implicit dim (1 for 2-D input); the rule summed
+    # over every element (orders 2-3 wrong).
+    "softmax_implicit_dim": (
+        """import torch
+import torch.nn.functional as F
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = F.softmax(x, dim=None)
+    u = F.log_softmax(x, None)
+    def backward(g):
+        gt = g * w
+        gs = t * (gt - (gt * t).sum(1, keepdim=True))
+        gl = gt - torch.exp(u) * gt.sum(1, keepdim=True)
+        return gs + gl, g * (t + u)
+    return (t + u) * w, backward
+""",
+        lambda: [_r(3, 4), _r(4, seed=1)],
+    ),
+    # The VJP of `x.to(w)` read `x_dtype`, an entry dropped because backward reads
+    # x itself (an internal error at conversion).
+    "to_other_and_dtype_read": (
+        """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = x.to(w)
+    def backward(g):
+        return (g * w).to(x.dtype), g * t
+    return t * w, backward
+""",
+        lambda: [_r(3, 4), _r(4, seed=1)],
+    ),
+    # torch.cat skips a legacy empty (0,) operand; the rule read its shape[1] (an
+    # IndexError at order 2).
+    "cat_legacy_empty": (
+        """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    acc = torch.zeros(0, dtype=x.dtype)
+    t = torch.cat([x, acc], 1)
+    def backward(g):
+        return g * w, g * t
+    return t * w, backward
+""",
+        lambda: [_r(3, 4), _r(4, seed=1)],
+    ),
+    # dropout with a literal `training=False` draws nothing: it was refused (S2S121).
+    "dropout_not_training": (
+        """import torch
+import torch.nn.functional as F
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = F.dropout(x, 0.5, training=False)
+    u = torch.dropout(x, 0.5, False)
+    def backward(g):
+        return 2.0 * g * w, g * (t + u)
+    return (t + u) * w, backward
+""",
+        lambda: [_r(3, 4), _r(4, seed=1)],
+    ),
+}
+
+
+@pytest.mark.filterwarnings("ignore:Implicit dimension choice")
+@pytest.mark.parametrize("case", sorted(PROBE_C))
+def test_probe_c_rules(tmp_path, case):
+    """Each converts and matches autograd through the closure at orders 1-3, pure and
+    mixed, with `w` broadcast and its gradient returned unreduced."""
+    source, values = PROBE_C[case]
+    closures, generated = import_pair(tmp_path, source, f"probe_c_{case}")
+    _check(closures, generated, values())
+
+
+def test_a_tensor_base_of_zero_gives_the_exponent_no_gradient(tmp_path):
+    """pow_backward_exponent: where x == 0 and the exponent is not negative, the
+    exponent has no gradient; the rule's `out * log(x)` was 0 * -inf = nan there, and
+    the nan reached w's third order (autograd's is finite). Where torch's own
+    derivatives in x and e are nan (its arithmetic at 0), they are not compared."""
+    source = """import torch
+
+
+def f(x: torch.Tensor, e: torch.Tensor, w: torch.Tensor):
+    t = x ** e
+    def backward(g):
+        log_x = torch.log(torch.where(x == 0, 1.0, x))
+        return g * w * e * x ** (e - 1), g * w * t * log_x, g * t
+    return t * w, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "pow_zero_tensor_base")
+    values = [
+        torch.tensor([0.0, 0.5, 2.0], dtype=F64),
+        torch.tensor([3.5, 4.0, 4.5], dtype=F64),
+        torch.tensor([1.0, -0.5, 0.25], dtype=F64),
+    ]
+    got = derivatives(lambda *t: generated.f(*t), leaves(values))
+    expected = derivatives(lambda *t: closures.f(*t)[0], leaves(values))
+    for label, mine, theirs in got.pairs(expected):
+        if label.endswith("input 2") or label.startswith("output"):
+            assert torch.isfinite(theirs).all(), label
+        known = torch.isfinite(theirs)
+        torch.testing.assert_close(
+            mine[known], theirs[known], rtol=1e-7, atol=1e-9, msg=label
+        )

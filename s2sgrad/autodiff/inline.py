@@ -151,12 +151,45 @@ def _truth(code: str) -> bool | None:
         tree = ast.parse(code.strip(), mode="eval")
     except SyntaxError:
         return None
-    if not all(isinstance(n, _FOLDABLE) for n in ast.walk(tree)):
+    if not all(
+        isinstance(n, _FOLDABLE) or _type_test_part(n) for n in ast.walk(tree)
+    ) or any(isinstance(n, ast.Call) and not _type_test(n) for n in ast.walk(tree)):
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SyntaxWarning)  # `1 is None` is what we fold
         code_object = compile(tree, "<test>", "eval")
-    return bool(eval(code_object, {"__builtins__": {}}, {}))  # noqa: S307
+    namespace = {"__builtins__": {}, "isinstance": isinstance, **_TYPES}
+    return bool(eval(code_object, namespace, {}))  # noqa: S307
+
+
+#: The builtin types a rule's backward tests a literal argument against
+#: (`isinstance(dim, int)` where the call wrote `x.sum(1)`).
+_TYPES: dict[str, type] = {
+    t.__name__: t for t in (bool, int, float, complex, str, tuple, list, dict, set)
+}
+
+
+def _type_test(node: ast.Call) -> bool:
+    """Whether `node` is `isinstance(literal, builtin type or tuple of them)`."""
+    if not (
+        isinstance(node.func, ast.Name)
+        and node.func.id == "isinstance"
+        and len(node.args) == 2
+        and not node.keywords
+    ):
+        return False
+    value, kinds = node.args
+    names = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]
+    return not any(
+        isinstance(n, (ast.Name, ast.Call)) for n in ast.walk(value)
+    ) and all(isinstance(n, ast.Name) and n.id in _TYPES for n in names)
+
+
+def _type_test_part(node: ast.AST) -> bool:
+    """A node a folded `isinstance` test is made of (checked by `_type_test`)."""
+    return isinstance(node, (ast.Call, ast.Name)) and (
+        not isinstance(node, ast.Name) or node.id in _TYPES or node.id == "isinstance"
+    )
 
 
 class _Unelif(cst.CSTTransformer):
@@ -429,10 +462,13 @@ def rule_reads(rule: Rule, wanted: set[int]) -> set[str]:
 def _drop_aliases(
     statements: list[cst.BaseStatement],
 ) -> tuple[list[cst.BaseStatement], dict[str, cst.BaseExpression]]:
-    """Drop top-level `local = other_name` lines left by folding, renaming their uses."""
+    """Drop top-level `local = other_name` lines left by folding, renaming their uses,
+    and `local = literal` lines (`over = -1`, where a rule chose a dim) for a local
+    bound there only, writing the literal at its uses."""
     alias_line = m.SimpleStatementLine(
-        body=[m.Assign(targets=[m.AssignTarget(m.Name())], value=m.Name())]
+        body=[m.Assign(targets=[m.AssignTarget(m.Name())], value=_LITERAL | m.Name())]
     )
+    bound_once = _bound_once(statements)
     aliases: dict[str, cst.BaseExpression] = {}
     kept = []
     for statement in statements:
@@ -441,11 +477,47 @@ def _drop_aliases(
             assign = statement.body[0]
             assert isinstance(assign, cst.Assign)
             target = assign.targets[0].target
-            assert isinstance(target, cst.Name) and isinstance(assign.value, cst.Name)
-            aliases[target.value] = aliases.get(assign.value.value, assign.value)
-            continue
+            assert isinstance(target, cst.Name)
+            if isinstance(assign.value, cst.Name):
+                aliases[target.value] = aliases.get(assign.value.value, assign.value)
+                continue
+            if target.value in bound_once:
+                aliases[target.value] = assign.value
+                continue
         kept.append(as_statement(substitute(statement, aliases)))
     return kept, aliases
+
+
+#: A literal a rule's local may stand for: a number (negative too), a string, a
+#: bool or None.
+_LITERAL = (
+    m.Integer()
+    | m.Float()
+    | m.SimpleString()
+    | m.Name("True")
+    | m.Name("False")
+    | m.Name("None")
+    | m.UnaryOperation(operator=m.Minus(), expression=m.Integer() | m.Float())
+)
+
+
+def _bound_once(statements: Sequence[cst.BaseStatement]) -> set[str]:
+    """The names `statements` bind exactly once, anywhere in them."""
+    counts: dict[str, int] = {}
+    for statement in statements:
+        for node in nodes(statement):
+            if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)):
+                target: cst.CSTNode = node.target
+            elif isinstance(node, (cst.For, cst.CompFor)):
+                target = node.target
+            else:
+                continue
+            # Every name in a target counts (`t[i] = v` counts `t` and `i`): a name
+            # counted once too often is only kept.
+            for name in nodes(target):
+                if isinstance(name, cst.Name):
+                    counts[name.value] = counts.get(name.value, 0) + 1
+    return {name for name, count in counts.items() if count == 1}
 
 
 def _needed_statements(

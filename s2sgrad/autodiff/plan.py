@@ -42,7 +42,7 @@ from s2sgrad.cst import (
     walk,
 )
 from s2sgrad.diagnostics import Diagnostic, TransformError
-from s2sgrad.frontend.compose import draws
+from s2sgrad.frontend.compose import draws, draws_here
 from s2sgrad.frontend.model import (
     METADATA_ATTRIBUTES,
     METADATA_METHODS,
@@ -348,11 +348,15 @@ class Planner:
             if saved.kind not in ("metadata",) and saved.source in self.program.final:
                 ctx.versions[saved.name] = self.program.final[saved.source].id
         value_names, meta_names = self._resolve(attempt, ctx, names)
-        backward_body = self._metadata_off_saved(ctx)
+        backward_body, swaps = self._metadata_off_saved(ctx)
         blocks = [
             as_statement(b.visit(_Resolve(value_names, meta_names)))
             for b in attempt.blocks
         ]
+        if swaps:
+            # The VJP code may read the same entry (`x_dtype` for `grad.to(x.dtype)`
+            # where the closure reads `x.dtype` too): it reads the tensor's as well.
+            blocks = [as_statement(b.visit(_Swap(swaps))) for b in blocks]
         entries = [
             replace(s, promoted=True) if s.kind == "temporary" else s
             for s in ctx.entries
@@ -435,9 +439,12 @@ class Planner:
             if saved.kind != "metadata" and final and final.id in self.program.partial:
                 lines.default(final.top, final.name)
 
-    def _metadata_off_saved(self, ctx: _Context) -> cst.BaseSuite:
+    def _metadata_off_saved(
+        self, ctx: _Context
+    ) -> tuple[cst.BaseSuite, dict[str, cst.BaseExpression]]:
         """The closure's body, with the metadata it reads (`x.shape`, kept as `x_shape`)
-        read off the tensor itself where the generated VJP code saves that tensor."""
+        read off the tensor itself where the generated VJP code saves that tensor;
+        and those entries' names, each with what now stands for it."""
         held = {
             s.source
             for s in ctx.entries
@@ -453,10 +460,10 @@ class Planner:
                     ctx.entries.remove(saved)
         body = self.lifted.backward_body
         if not swaps:
-            return body
+            return body, swaps
         swapped = body.visit(_Swap(swaps))
         assert isinstance(swapped, cst.BaseSuite)
-        return swapped
+        return swapped, swaps
 
     def _resolve(
         self, attempt: _Attempt, ctx: _Context, names: NameAllocator
@@ -750,7 +757,7 @@ class Planner:
         name = qualified.get(func) if dotted(func) else None
         if name is None and isinstance(func, cst.Attribute):
             name = f"torch.Tensor.{func.attr.value}"
-        if name is not None and opfacts.is_random(name):
+        if name is not None and opfacts.is_random(name) and draws_here(call, name):
             return name
         helper = (
             self.facts.helpers.get(func.value) if isinstance(func, cst.Name) else None

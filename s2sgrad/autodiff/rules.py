@@ -127,7 +127,10 @@ def pow_(x: torch.Tensor | float, exponent: torch.Tensor | float):
         else:
             grad_x = grad * exponent * x ** (exponent - 1) if exponent != 0 else grad * 0.0
         if isinstance(x, torch.Tensor):
-            log_x = torch.log(x)
+            # As pow_backward_exponent: no gradient where x == 0 and exponent >= 0
+            # (0 * log(0) is nan), and log(1) there so that none comes back either.
+            zero_base = (x == 0) & (exponent >= 0)
+            log_x = torch.where(zero_base, 0.0, torch.log(torch.where(zero_base, 1.0, x)))
         else:
             # log(0) is -inf, but 0 ** e has no gradient in e >= 0 (a factor 0, so
             # that no nan comes back through it either).
@@ -299,10 +302,13 @@ def clamp(x, min: torch.Tensor | float | None = None, max: torch.Tensor | float 
     def backward(grad):
         grad_low = grad if min is None else torch.where(x >= min, grad, 0.0)
         grad_x = grad_low if max is None else torch.where(x <= max, grad_low, 0.0)
+        # As clamp_backward_min_max: where min > max the result is max everywhere.
+        below = x < min if max is None else (x < min) & (min < max)
+        above = x > max if min is None else (x > max) | (max < min)
         return (
             grad_x.sum_to_size(x.shape),
-            torch.where(x < min, grad, 0.0).sum_to_size(min.shape),
-            torch.where(x > max, grad, 0.0).sum_to_size(max.shape),
+            torch.where(below, grad, 0.0).sum_to_size(min.shape),
+            torch.where(above, grad, 0.0).sum_to_size(max.shape),
         )
     return out, backward
 
@@ -383,9 +389,12 @@ def sum_(x, dim=None, keepdim=False):
         if dim is None or keepdim:
             grad_x = grad.expand(x.shape)
         else:
-            dims = [d % max(x.ndim, 1) for d in (dim if isinstance(dim, (tuple, list)) else [dim])]
-            keep_shape = [1 if i in dims or len(dims) == 0 else s for i, s in enumerate(x.shape)]
-            grad_x = grad.reshape(keep_shape).expand(x.shape)
+            if isinstance(dim, int):
+                grad_x = (grad.unsqueeze(dim) if x.dim() else grad).expand(x.shape)
+            else:
+                dims = [d % max(x.ndim, 1) for d in dim]
+                keep_shape = [1 if i in dims or len(dims) == 0 else s for i, s in enumerate(x.shape)]
+                grad_x = grad.reshape(keep_shape).expand(x.shape)
         return grad_x, None, None
     return out, backward
 
@@ -396,32 +405,40 @@ def mean(x, dim=None, keepdim=False):
         if dim is None or keepdim:
             grad_keep = grad
         else:
-            dims = [d % max(x.ndim, 1) for d in (dim if isinstance(dim, (tuple, list)) else [dim])]
-            keep_shape = [1 if i in dims or len(dims) == 0 else s for i, s in enumerate(x.shape)]
-            grad_keep = grad.reshape(keep_shape)
+            if isinstance(dim, int):
+                grad_keep = grad.unsqueeze(dim) if x.dim() else grad
+            else:
+                dims = [d % max(x.ndim, 1) for d in dim]
+                keep_shape = [1 if i in dims or len(dims) == 0 else s for i, s in enumerate(x.shape)]
+                grad_keep = grad.reshape(keep_shape)
         count = x.numel() / max(out.numel(), 1)
         return (grad_keep / count).expand(x.shape), None, None
     return out, backward
 
 
 def var(x, dim=None, correction=1, keepdim=False):
-    """Variance with Bessel-style correction (correction=1 is unbiased)."""
+    """Variance with Bessel-style correction (correction=1 is unbiased). A bool in
+    `dim`'s place is torch's `var(x, unbiased)` overload: all dims, correction 0 or 1."""
     out = torch.var(x, dim=dim, correction=correction, keepdim=keepdim)
     def backward(grad):
-        if dim is None or keepdim:
-            grad_keep = grad
+        if isinstance(dim, bool):
+            whole = x.numel()
+            bessel = 2.0 / (whole - int(dim)) if whole > int(dim) else math.inf
+            grad_x = grad * (x - torch.mean(x)) * bessel
         else:
-            dims = [d % max(x.ndim, 1) for d in (dim if isinstance(dim, (tuple, list)) else [dim])]
-            keep_shape = [1 if i in dims or len(dims) == 0 else s for i, s in enumerate(x.shape)]
-            grad_keep = grad.reshape(keep_shape)
-        count = x.numel() // max(out.numel(), 1)
-        scale = 2.0 / (count - correction) if count > correction else math.inf
-        return (
-            grad_keep * (x - torch.mean(x, dim=dim, keepdim=True)) * scale,
-            None,
-            None,
-            None,
-        )
+            if dim is None or keepdim:
+                grad_keep = grad
+            else:
+                if isinstance(dim, int):
+                    grad_keep = grad.unsqueeze(dim) if x.dim() else grad
+                else:
+                    dims = [d % max(x.ndim, 1) for d in dim]
+                    keep_shape = [1 if i in dims or len(dims) == 0 else s for i, s in enumerate(x.shape)]
+                    grad_keep = grad.reshape(keep_shape)
+            count = x.numel() // max(out.numel(), 1)
+            scale = 2.0 / (count - correction) if count > correction else math.inf
+            grad_x = grad_keep * (x - torch.mean(x, dim=dim, keepdim=True)) * scale
+        return grad_x, None, None, None
     return out, backward
 
 
@@ -433,26 +450,35 @@ def amax(x, dim=(), keepdim=False):
             grad_keep = grad
             out_keep = out
         else:
-            dims = [d % max(x.ndim, 1) for d in (dim if isinstance(dim, (tuple, list)) else [dim])]
-            keep_shape = [1 if i in dims or len(dims) == 0 else s for i, s in enumerate(x.shape)]
-            grad_keep = grad.reshape(keep_shape)
-            out_keep = out.reshape(keep_shape)
+            if isinstance(dim, int):
+                grad_keep = grad.unsqueeze(dim) if x.dim() else grad
+                out_keep = out.unsqueeze(dim) if x.dim() else out
+            else:
+                dims = [d % max(x.ndim, 1) for d in dim]
+                keep_shape = [1 if i in dims or len(dims) == 0 else s for i, s in enumerate(x.shape)]
+                grad_keep = grad.reshape(keep_shape)
+                out_keep = out.reshape(keep_shape)
         is_max = x == out_keep
         return torch.where(is_max, grad_keep / is_max.sum(dim=dim, keepdim=True), 0.0), None, None
     return out, backward
 
 
 def softmax(x, dim):
+    """softmax over dim; F.softmax's `dim=None` is its implicit dim (as
+    `_get_softmax_dim`: 0 for 0, 1 or 3 dims, else 1)."""
     out = torch.softmax(x, dim)
     def backward(grad):
-        return out * (grad - (grad * out).sum(dim, keepdim=True)), None
+        over = dim if dim is not None else (0 if x.dim() in (0, 1, 3) else 1)
+        return out * (grad - (grad * out).sum(over, keepdim=True)), None
     return out, backward
 
 
 def log_softmax(x, dim):
+    """log_softmax over dim; `dim=None` is F.log_softmax's implicit dim (as softmax)."""
     out = torch.log_softmax(x, dim)
     def backward(grad):
-        return grad - torch.exp(out) * grad.sum(dim, keepdim=True), None
+        over = dim if dim is not None else (0 if x.dim() in (0, 1, 3) else 1)
+        return grad - torch.exp(out) * grad.sum(over, keepdim=True), None
     return out, backward
 
 
@@ -573,9 +599,15 @@ def triu(x, diagonal=0):
 
 
 def cat(tensors: list[torch.Tensor], dim=0):
+    """torch.cat; a legacy empty operand (shape (0,)) is skipped, as torch skips it,
+    and gets an empty gradient."""
     out = torch.cat(tensors, dim)
     def backward(grad):
-        return grad.split([t.shape[dim] for t in tensors], dim), None
+        pieces = grad.split([0 if t.shape == (0,) else t.shape[dim] for t in tensors], dim)
+        return [
+            torch.zeros_like(t) if t.shape == (0,) else p
+            for p, t in zip(pieces, tensors, strict=True)
+        ], None
     return out, backward
 
 

@@ -877,6 +877,28 @@ def check_draws(parsed: ParsedModule, composed: Composed) -> list[Diagnostic]:
     return found
 
 
+def draws_here(call: cst.Call, name: str) -> bool:
+    """Whether `call` of the random op `name` draws: not where its `training`
+    (`train`) flag is a literal False, by keyword or by position
+    (`F.dropout(x, p, training=False)`, `torch.dropout(x, p, False)`), which hands
+    its input back unchanged."""
+    if any(a.star for a in call.args):
+        return True
+    method = name.startswith("torch.Tensor.")  # `x.dropout(p, False)`: x is `input`
+    positional = [a.value for a in call.args if a.keyword is None]
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    for signature in opfacts.signatures(name):
+        plain = [p.name for p in signature.params if not p.keyword_only]
+        for flag in ("training", "train"):
+            given = keywords.get(flag)
+            if given is None and flag in plain:
+                at = plain.index(flag) - method
+                given = positional[at] if 0 <= at < len(positional) else None
+            if given is not None and m.matches(given, m.Name("False")):
+                return False
+    return True
+
+
 def draws(
     statements: Sequence[cst.CSTNode],
     qualified: Mapping[cst.CSTNode, str],
@@ -894,7 +916,7 @@ def draws(
             name = qualified.get(func) if dotted(func) else None
             if name is None and isinstance(func, cst.Attribute):
                 name = f"torch.Tensor.{func.attr.value}"
-            if name is not None and opfacts.is_random(name):
+            if name is not None and opfacts.is_random(name) and draws_here(call, name):
                 return name
             if name is not None and name.startswith("torch."):
                 continue
