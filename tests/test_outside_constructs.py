@@ -698,3 +698,173 @@ def test_backward_changing_its_own_copy_converts(tmp_path):
     closures, generated = import_pair(tmp_path, source, "backward_copy")
     values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
     _check(closures, generated, "f", values)
+
+
+# -- an Optional parameter rebound where it is None (probe A) -------------------------
+
+OPTIONAL_REBOUND = {
+    "ones": """import torch
+from typing import Optional
+
+
+def f(x: torch.Tensor, weight: Optional[torch.Tensor] = None):
+    if weight is None:
+        weight = torch.ones_like(x)
+    y = weight * x * x
+    def backward(g):
+        return 2 * g * weight * x, g * x * x
+    return y, backward
+""",
+    "gate": """import torch
+from typing import Optional
+
+
+def f(x: torch.Tensor, weight: Optional[torch.Tensor] = None):
+    gated = weight is None
+    if weight is None:
+        weight = torch.sigmoid(x)
+    y = weight * x
+    def backward(g):
+        through = g * x * weight * (1 - weight) if gated else 0.0
+        return g * weight + through, g * x
+    return y, backward
+""",
+    "bias_given": """import torch
+from typing import Optional
+
+
+def f(x: torch.Tensor, weight: Optional[torch.Tensor] = None):
+    if weight is not None:
+        weight = torch.tanh(weight)
+    else:
+        weight = x.new_ones(())
+    y = weight * x * x
+    def backward(g):
+        return 2 * g * weight * x, g * x * x * (1 - weight * weight)
+    return y, backward
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPTIONAL_REBOUND))
+@pytest.mark.parametrize("given", [False, True])
+def test_an_optional_parameter_rebound_where_it_is_none(tmp_path, case, given):
+    """`if weight is None: weight = torch.ones_like(x)`, the usual weighted-loss
+    idiom: the VJP reads the parameter as it came, kept as `weight_0` and returned
+    as a view, which crashed every call where it was None ('NoneType' object has no
+    attribute 'view_as'). Given (a broadcast (4,) weight whose gradient backward
+    returns unreduced) or left None, the op matches at orders 1-3."""
+    closures, generated = import_pair(
+        tmp_path, OPTIONAL_REBOUND[case], f"optional_{case}_{given}"
+    )
+    x = torch.randn(3, 4, dtype=F64)
+    if given:
+        _check(closures, generated, "f", [x, torch.randn(4, dtype=F64)])
+    else:
+        _check(closures, generated, "f", [x])
+        with torch.no_grad():
+            torch.testing.assert_close(generated.f(x), closures.f(x)[0])
+
+
+DEAD_IN_BRANCH = """import torch
+
+
+def f(x: torch.Tensor, bias=None, act: str = "tanh"):
+    h = x if bias is None else x + bias
+    if act == "tanh":
+        t = torch.tanh(h)
+        slope = 1 - t * t
+    else:
+        t = torch.relu(h)
+        slope = (h > 0).to(h.dtype)
+    def backward(g):
+        d = g * slope
+        return d, (d if bias is not None else None), None
+    return t, backward
+"""
+
+
+@pytest.mark.parametrize("act", ["tanh", "relu"])
+def test_a_recomputed_value_is_not_left_dead_in_a_branch(tmp_path, act):
+    """`slope` is recomputed in backward; forward kept its assignment inside the
+    branches, dead work that ruff reports (F841). Forward drops it there too, and the
+    op still matches at orders 1-3 (with and without the bias)."""
+    import subprocess
+    import sys
+
+    closures, generated = import_pair(tmp_path, DEAD_IN_BRANCH, f"dead_{act}")
+    text = (tmp_path / f"dead_{act}_grad.py").read_text()
+    forward = text[text.index("def f_forward") : text.index("def f_recompute")]
+    assert "slope" not in forward, forward
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "E4,E7,E9,F"]
+        + [str(tmp_path / f"dead_{act}_grad.py")],
+        capture_output=True,
+        text=True,
+    )
+    assert lint.returncode == 0, lint.stdout
+    x = torch.randn(3, 4, dtype=F64)
+    _check(closures, generated, "f", [x], rest=(None, act))
+    _check(closures, generated, "f", [x, torch.randn(4, dtype=F64)], rest=(act,))
+
+
+OPTIONAL_BARE = """import torch
+from typing import Optional
+
+
+def f(x: torch.Tensor, b: Optional[torch.Tensor] = None):
+    t = torch.tanh(2.0 * x if b is None else 2.0 * x + b)
+    def backward(g):
+        d = g * (1 - t * t)
+        return 2.0 * d, d
+    return t, backward
+"""
+
+
+def test_a_bare_gradient_for_an_optional_parameter_left_none(tmp_path):
+    """`return 2.0 * d, d` with `b` left None: `d` was handed back ungated and
+    autograd refused a gradient for an input that is not a tensor (every backward
+    raised). It is gated by `needs` as the other spellings are."""
+    closures, generated = import_pair(tmp_path, OPTIONAL_BARE, "optional_bare")
+    x = torch.randn(3, 4, dtype=F64)
+    _check(closures, generated, "f", [x])
+    _check(closures, generated, "f", [x, torch.randn(4, dtype=F64)])
+
+
+MODULE_STATE_BRANCH = """import torch
+
+CFG = {"fast": True}
+
+
+def f(x: torch.Tensor):
+    fast = CFG["fast"]
+    if CFG["fast"]:
+        t = torch.tanh(x)
+    else:
+        t = torch.sigmoid(x)
+    def backward(g):
+        return 2.0 * g * (1 - t * t) if fast else 2.0 * g * t * (1 - t)
+    return t * 2.0, backward
+"""
+
+
+def test_a_branch_on_module_state_keeps_forwards_answer(tmp_path):
+    """`if CFG["fast"]:` was evaluated again by the generated VJP: a switch flipped
+    between forward and the penalty's backward sent the second order down the other
+    branch, silently. A test that reads a module-level object other than a number is
+    forward's answer, kept as `cond`, as the closure's graph keeps it."""
+    closures, generated = import_pair(tmp_path, MODULE_STATE_BRANCH, "module_state")
+    x0 = torch.randn(5, dtype=F64)
+    found = []
+    for fn in (lambda a: closures.f(a)[0], generated.f):
+        closures.CFG["fast"] = True
+        (x,) = leaves([x0])
+        (gx,) = torch.autograd.grad(fn(x).sum(), x, create_graph=True)
+        closures.CFG["fast"] = False  # flipped before the penalty's backward
+        try:
+            (hx,) = torch.autograd.grad((gx * gx).sum(), x)
+        finally:
+            closures.CFG["fast"] = True
+        found.append(hx)
+    torch.testing.assert_close(found[1], found[0])
+    _check(closures, generated, "f", [x0])

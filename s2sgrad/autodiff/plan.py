@@ -61,6 +61,7 @@ from s2sgrad.lift import (
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Options
 from s2sgrad.values import (
+    NONE,
     UNKNOWN,
     Evaluator,
     ModuleFacts,
@@ -603,7 +604,8 @@ class Planner:
             or (version.id in self.may_end_as and version.id not in self.where_bound)
         )
         saved = classify(self.diff, name, source, version.value, where, 0, alias)
-        if version.in_branch and not final:
+        if version.in_branch and not final or NONE in version.value.kinds:
+            # Bound on one path only, or an `Optional` parameter left None.
             saved = replace(saved, may_be_none=True)
         return saved
 

@@ -30,6 +30,7 @@ from s2sgrad.frontend.model import (
 )
 from s2sgrad.names import NameAllocator
 from s2sgrad.values import (
+    NONE,
     NUMBER,
     OTHER,
     SCALAR,
@@ -221,7 +222,7 @@ class Generator:
         orelse = self._transfers(step, 2) + self.steps(step.orelse)
         if not body and not orelse:
             return []
-        if _replayable(step.test, step.before):
+        if _replayable(step.test, step.before, self.module):
             test = as_expression(step.test.visit(_Placeholders(step.before)))
         else:
             test = placeholder(self._condition(step))
@@ -725,11 +726,16 @@ def _op_name(node: cst.BaseExpression) -> str:
 _METADATA = frozenset(METADATA_ATTRIBUTES) | frozenset(METADATA_METHODS)
 
 
-def _replayable(test: cst.BaseExpression, env: Mapping[str, Version]) -> bool:
+def _replayable(
+    test: cst.BaseExpression, env: Mapping[str, Version], module: ModuleFacts | None
+) -> bool:
     """Whether backward may evaluate a branch's test again and find the truth forward
     found, at no cost: it calls nothing but metadata methods, reads nothing but
     metadata of forward's values, and the other names it reads are parameters or
-    hold no tensor (`causal`, `x.dim() > 2`, `bias is not None`, `mode == "sum"`)."""
+    hold no tensor (`causal`, `x.dim() > 2`, `bias is not None`, `mode == "sum"`).
+    A module-level object other than a number (`CFG["fast"]`, a dict that may change
+    between forward and a double backward) is forward's truth only: it is kept."""
+    constants = module.constants if module is not None else {}
     found = nodes(test)
     attributes = [n for n in found if isinstance(n, cst.Attribute)]
     metadata_of = {id(a.value) for a in attributes if a.attr.value in _METADATA}
@@ -743,7 +749,12 @@ def _replayable(test: cst.BaseExpression, env: Mapping[str, Version]) -> bool:
                 return False
         elif isinstance(node, cst.Name) and id(node) not in attribute_names:
             version = env.get(node.value)
-            if version is None or version.is_param:
+            if version is None:
+                constant = constants.get(node.value)
+                if constant is not None and constant.kinds - {NUMBER, NONE}:
+                    return False
+                continue
+            if version.is_param:
                 continue
             if version.value.holds_tensor and id(node) not in metadata_of:
                 return False

@@ -18,7 +18,7 @@ from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.function import function_class, op_def
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
-from s2sgrad.cst import as_statement
+from s2sgrad.cst import as_statement, nodes
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Compile
 
@@ -253,19 +253,56 @@ def _live(
     assigned and never read)."""
     if recompute is None:
         return list(statements)
-    live = names_read(ret)
+    replayed = [
+        n
+        for r in recompute.statements
+        for n in nodes(r)
+        if isinstance(n, cst.SimpleStatementLine)
+    ]
+    return _live_in(statements, names_read(ret), replayed)
+
+
+def _live_in(
+    statements: Sequence[cst.BaseStatement],
+    live: set[str],
+    replayed: list[cst.SimpleStatementLine],
+) -> list[cst.BaseStatement]:
+    """`_live` of a block whose successors read `live`; inside an `if`, each branch
+    too (`slope = 1 - t * t` under `if act == "tanh":`), a branch left empty being
+    `pass`. A loop's body is kept whole: the next iteration may read it."""
     kept: list[cst.BaseStatement] = []
     for statement in reversed(statements):
         targets = _assigned(statement)
         if (
             targets
             and not targets & live
-            and any(statement.deep_equals(r) for r in recompute.statements)
+            and any(statement.deep_equals(r) for r in replayed)
         ):
             continue
-        live |= names_read(statement)
+        if isinstance(statement, cst.If):
+            statement = _live_branches(statement, live, replayed)
+        live = live | names_read(statement)
         kept.append(statement)
     return kept[::-1]
+
+
+def _live_branches(
+    node: cst.If, live: set[str], replayed: list[cst.SimpleStatementLine]
+) -> cst.If:
+    def block(suite: cst.BaseSuite) -> cst.BaseSuite:
+        if not isinstance(suite, cst.IndentedBlock):
+            return suite
+        body = _live_in(list(suite.body), set(live), replayed)
+        if not body:
+            body = [cst.SimpleStatementLine([cst.Pass()])]
+        return suite.with_changes(body=body)
+
+    orelse = node.orelse
+    if isinstance(orelse, cst.If):
+        orelse = _live_branches(orelse, live, replayed)
+    elif isinstance(orelse, cst.Else):
+        orelse = orelse.with_changes(body=block(orelse.body))
+    return node.with_changes(body=block(node.body), orelse=orelse)
 
 
 def _assigned(statement: cst.BaseStatement) -> set[str]:

@@ -20,7 +20,7 @@ from s2sgrad.codegen import types
 from s2sgrad.codegen.slicing import slice_closure
 from s2sgrad.cst import module, spelled, statements
 from s2sgrad.names import NameAllocator
-from s2sgrad.values import param_value
+from s2sgrad.values import NONE, param_value
 
 
 def _comment(text: str) -> cst.EmptyLine:
@@ -64,7 +64,12 @@ def backward_body(
     params = [p.name for p in record.source.params]
     guards = [names.fresh(f"need_{p}") for p in params]
     guarded = grads is not None and bool(grads.incoming)
-    found = slice_closure(user, results, guards, line_length - (8 if guarded else 4))
+    optional = {
+        i for i, p in enumerate(record.source.params) if NONE in param_value(p).kinds
+    }
+    found = slice_closure(
+        user, results, guards, line_length - (8 if guarded else 4), optional
+    )
     sliced = found.statements if found else None
     # Unguarded, a variable that the slices assign on every path needs no start value.
     skip = found.assigned if found and not guarded else frozenset()

@@ -11,7 +11,7 @@ exactly what the closure computes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -38,11 +38,15 @@ def slice_closure(
     results: Sequence[str],
     guards: Sequence[str],
     width: int = 88,
+    optional: Collection[int] = (),
 ) -> Sliced | None:
     """Return the closure sliced per gradient, or None when it is not separable.
 
     A gradient that is one expression on its own becomes `grad_a = e if need_a else
     None` where that fits in `width` columns, a block under `if need_a:` otherwise.
+    A gradient that is a variable the others read too (`return 2.0 * d, d`) is
+    gated last, where its parameter is in `optional` (may be None: autograd refuses
+    a gradient for an input that is not a tensor).
     """
     if len(results) < 2 or not statements:
         return None
@@ -75,7 +79,12 @@ def slice_closure(
                 owners[k].add(i)
                 wanted |= names_read(body[k])
     out = [s for k, s in enumerate(body) if len(owners[k]) != 1]
-    assigned = set()
+    # Shared statements are plain ones at the top: a result they bind is bound on
+    # every path (`d` in `return 2.0 * d, d`).
+    shared_binds = set().union(
+        *(binds[k] for k in range(len(body)) if len(owners[k]) != 1)
+    )
+    assigned = shared_binds & set(results)
     for i in live:
         own = [s for k, s in enumerate(body) if owners[k] == {i}]
         if results[i] == "None":
@@ -106,6 +115,14 @@ def slice_closure(
             )
         if own:
             out.append(cst.If(cst.Name(guards[i]), cst.IndentedBlock(own)))
+    for i in live:
+        shared = not any(owners[k] == {i} for k in range(len(body)))
+        if i in optional and shared and m.matches(entries[i], m.Name(results[i])):
+            out.append(
+                cst.parse_statement(
+                    f"{results[i]} = {results[i]} if {guards[i]} else None\n"
+                )
+            )
     return Sliced(out, frozenset(assigned))
 
 
