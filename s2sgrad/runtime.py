@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 #: The formats of generated code this runtime serves (s2sgrad/header.py writes them).
-FORMATS = range(9, 16)
+FORMATS = range(9, 17)
 
 Context = tuple[Any, ...]  # what f_forward hands to f_backward
 Grad = Tensor | None  # None stands for a gradient of zeros
@@ -272,7 +272,9 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
             return _torch_apply(_with_jvp(function), *args)
         finally:
             _differentiating.reset(token)
-    except (TypeError, AttributeError) as error:
+    except (TypeError, AttributeError, AssertionError) as error:
+        # AssertionError: torch's own `save_for_forward` check, under torch.func,
+        # forward mode or autocast, where a number reached a tensor's place.
         _number_for_tensor(function, args, error)
         raise
 
@@ -302,9 +304,11 @@ def _number_for_tensor(function: Any, args: tuple[Any, ...], error: Exception) -
         ):
             raise TypeError(
                 f"{function.__name__} takes `{name}` as a tensor; got {value!r}. "
-                "Backward returns a gradient for it, and a "
-                "parameter without annotation that gets one is a tensor, as TorchScript "
-                "reads it. Annotate it `torch.Tensor | float` to pass numbers"
+                "Backward returns a gradient for it, so the op takes a tensor there "
+                "(as its annotation says, or, without one, as TorchScript reads a "
+                "parameter that gets a gradient). Pass a tensor "
+                f"(`torch.tensor({value!r})`), or annotate it `torch.Tensor | float` "
+                "in the source to pass numbers"
             ) from error
 
 

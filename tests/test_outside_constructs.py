@@ -868,3 +868,39 @@ def test_a_branch_on_module_state_keeps_forwards_answer(tmp_path):
         found.append(hx)
     torch.testing.assert_close(found[1], found[0])
     _check(closures, generated, "f", [x0])
+
+
+NUMBER_FOR_TENSOR = """import torch
+
+
+def scale(x: torch.Tensor, temp: torch.Tensor):
+    z = x / temp
+    def backward(grad):
+        return grad / temp, -(grad * z).sum() / temp
+    return z * 1.0, backward
+"""
+
+
+def test_a_number_where_the_op_takes_a_tensor_is_one_clear_error(tmp_path):
+    """Passing 0.7 for `temp: torch.Tensor` gave s2sgrad's TypeError in eager mode
+    (saying the parameter had no annotation) and torch's internal AssertionError
+    about save_for_forward under torch.func and autocast. Every mode now gives the
+    same TypeError, which names the parameter and both ways out."""
+    _, generated = import_pair(tmp_path, NUMBER_FOR_TENSOR, "number_for_tensor")
+    x = torch.randn(3, 4, dtype=F64)
+
+    def under_autocast():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            generated.scale(x.float().requires_grad_(), 0.7)
+
+    calls = {
+        "eager": lambda: generated.scale(x.requires_grad_(), 0.7),
+        "grad": lambda: torch.func.grad(lambda t: generated.scale(t, 0.7).sum())(x),
+        "vmap": lambda: torch.func.vmap(lambda t: generated.scale(t, 0.7))(x),
+        "jvp": lambda: torch.func.jvp(lambda t: generated.scale(t, 0.7), (x,), (x,)),
+        "autocast": under_autocast,
+    }
+    for mode, call in calls.items():
+        with pytest.raises(TypeError, match=r"takes `temp` as a tensor; got 0\.7") as e:
+            call()
+        assert "torch.tensor(0.7)" in str(e.value), mode
