@@ -630,6 +630,14 @@ HANDING_HELPERS = {
     "a tuple": "def _h(t, k=2):\n    return (t, k)",
     "through a helper": "def _w(t):\n    return [t]\n\n\ndef _h(t):\n    return _w(t)",
     "a view": "def _h(t):\n    return t.view(1, *t.shape)",
+    "a loop that may not run": (
+        "def _h(t, n=2):\n    out = t\n    for _ in range(n):\n"
+        "        out = out * 2.0\n    return [out]"
+    ),
+    "one branch": (
+        "def _h(t, k=1):\n    out = t * 2.0\n    if k > 1:\n        out = t\n"
+        "    return [out]"
+    ),
 }
 
 

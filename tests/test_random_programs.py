@@ -971,3 +971,37 @@ def f(inp: torch.Tensor, weight: torch.Tensor):
     )
     check_closure(prog)
     check_generated(prog, skip_known_bugs=False)
+
+
+def test_regression_helper_rebinding_its_parameter_in_a_loop() -> None:
+    """`t1 = cube_loop(result); t1 -= result`, where `cube_loop` starts `out = v` and
+    rebinds it to `out * v` in a loop that surely runs: the helper hands back a new
+    tensor. The first reading of helper bodies (bbdff8a) was blind to order, took
+    `out` for `v` itself, and refused the augmented assignment (S2S123); the 10,000
+    example run caught it after 460 examples."""
+    source = """import torch
+
+
+def cube_loop(v):
+    out = v
+    for _ in range(2):
+        out = out * v
+    return out
+
+
+def f(inp: torch.Tensor, weight: torch.Tensor):
+    t1 = cube_loop(inp)
+    t1 -= inp
+    t2 = t1 * weight
+    def backward(dout):
+        g_t1 = dout * weight
+        g_inp = g_t1 * (3.0 * inp * inp - 1.0)
+        return g_inp, dout * t1
+    return t2, backward
+"""
+    prog = dataclasses.replace(
+        program(source, [T("inp", 3), T("weight", 3)]),
+        module_name="s2sgrad_regression_cube_loop",
+    )
+    check_closure(prog)
+    check_generated(prog, skip_known_bugs=False)

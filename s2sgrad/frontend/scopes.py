@@ -30,7 +30,7 @@ from libcst.metadata import (
 )
 
 from s2sgrad import opfacts
-from s2sgrad.cst import findall, walk
+from s2sgrad.cst import findall, nodes, walk
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.locate import Locator
 from s2sgrad.frontend.model import (
@@ -120,11 +120,14 @@ class ScopeAnalysis:
                 renamed = _param_names(helper, names)
                 finder = _MutationFinder(None, self.imported, self._qualified, table)
                 walk(helper.body, finder)
-                written = frozenset(
-                    renamed.get(hit.name, hit.name)
-                    for hit in finder.hits
-                    if hit.kind not in ("container", "del")
-                ) & names
+                written = (
+                    frozenset(
+                        renamed.get(hit.name, hit.name)
+                        for hit in finder.hits
+                        if hit.kind not in ("container", "del")
+                    )
+                    & names
+                )
                 entry = table[helper.name.value]
                 if written != entry.written:
                     table[helper.name.value] = entry._replace(written=written)
@@ -596,9 +599,11 @@ def _through_backward_aliases(
         if not grown:
             break
     return [
-        replace(hit, name=shared[hit.name])
-        if hit.in_backward and hit.kind != "del" and hit.name in shared
-        else hit
+        (
+            replace(hit, name=shared[hit.name])
+            if hit.in_backward and hit.kind != "del" and hit.name in shared
+            else hit
+        )
         for hit in hits
     ]
 
@@ -609,61 +614,153 @@ def _hands_back(
     handing: frozenset[str],
 ) -> bool:
     """Whether `helper` may return one of its parameters' objects, a part or view of
-    one, or a container holding one: the names that may carry a parameter grow
-    through the body's bindings (`out = [t]`, `out.append(t)`, `out[0] = t`) until
-    none is added, then each `return` is asked."""
-    carriers = {p.name.value for p in _all_params(helper)}
-    bindings: list[tuple[set[str], cst.BaseExpression]] = []
-    for node in findall(
-        helper.body, m.Assign() | m.AnnAssign() | m.AugAssign() | m.For() | m.Call()
+    one, or a container holding one (`return t`, `return [t]`, `out.append(t)`)."""
+    flow = _Carriers(qualified, handing)
+    flow.block(_body(helper.body), {p.name.value for p in _all_params(helper)})
+    return flow.found
+
+
+class _Carriers:
+    """Follow, statement by statement, the names that may carry a helper's parameter:
+    a binding to a value that may share one adds its names, a binding to a new value
+    (`out = out * v`) removes them; the two sides of an `if` join, and a loop joins
+    with the state before it unless it surely runs (`for _ in range(2)`). `found`
+    says whether a `return` may hand a carrier back."""
+
+    def __init__(
+        self, qualified: Callable[[cst.CSTNode], str | None], handing: frozenset[str]
+    ) -> None:
+        self.qualified = qualified
+        self.handing = handing
+        self.found = False
+
+    def shares(self, value: cst.BaseExpression, carriers: set[str]) -> bool:
+        return any(may_share(value, c, self.qualified, self.handing) for c in carriers)
+
+    def block(
+        self, statements: Sequence[cst.BaseStatement], carriers: set[str]
+    ) -> set[str]:
+        for statement in statements:
+            carriers = self.statement(statement, carriers)
+        return carriers
+
+    def statement(self, statement: cst.BaseStatement, carriers: set[str]) -> set[str]:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                carriers = self.small(small, carriers)
+            return carriers
+        if isinstance(statement, cst.If):
+            then = self.block(_body(statement.body), set(carriers))
+            orelse = statement.orelse
+            if isinstance(orelse, cst.If):
+                return then | self.statement(orelse, set(carriers))
+            if isinstance(orelse, cst.Else):
+                return then | self.block(_body(orelse.body), set(carriers))
+            return then | carriers
+        if isinstance(statement, (cst.For, cst.While)):
+            return self.loop(statement, carriers)
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            return carriers  # its returns are its own
+        # `with`, `try`: each block may run, in order, or not.
+        after = set(carriers)
+        for node in nodes(statement):
+            if isinstance(node, cst.IndentedBlock):
+                after |= self.block(list(node.body), set(after))
+        return after
+
+    def loop(self, loop: cst.For | cst.While, carriers: set[str]) -> set[str]:
+        entry, state = set(carriers), set(carriers)
+        out = state
+        for _ in range(8):  # each round can only add names: few rounds settle it
+            inside = set(state)
+            if isinstance(loop, cst.For):
+                inside = self.bind([loop.target], loop.iter, inside)
+            out = self.block(_body(loop.body), inside)
+            grown = entry | out
+            if grown == state:
+                break
+            state = grown
+        surely = isinstance(loop, cst.For) and _runs(loop.iter)
+        after = out if surely else entry | out
+        if loop.orelse is not None:
+            after = self.block(_body(loop.orelse.body), after)
+        return after
+
+    def small(self, small: cst.BaseSmallStatement, carriers: set[str]) -> set[str]:
+        if isinstance(small, cst.Return):
+            if small.value is not None and self.shares(small.value, carriers):
+                self.found = True
+            return carriers
+        if isinstance(small, cst.Assign):
+            return self.bind([t.target for t in small.targets], small.value, carriers)
+        if isinstance(small, cst.AnnAssign) and small.value is not None:
+            return self.bind([small.target], small.value, carriers)
+        if isinstance(small, cst.AugAssign):
+            # `out += [t]` adds to what `out` holds; `out += 1` keeps its object.
+            base = _base_name(small.target)
+            if base is not None and self.shares(small.value, carriers):
+                return carriers | {base}
+            return carriers
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            func = small.value.func
+            if isinstance(func, cst.Attribute) and func.attr.value in _CONTAINER_ADDS:
+                base = _base_name(func.value)
+                added = cst.Tuple([cst.Element(a.value) for a in small.value.args])
+                if base is not None and self.shares(added, carriers):
+                    return carriers | {base}
+        return carriers
+
+    def bind(
+        self,
+        targets: Sequence[cst.BaseExpression],
+        value: cst.BaseExpression,
+        carriers: set[str],
+    ) -> set[str]:
+        shares = self.shares(value, carriers)
+        after = set(carriers)
+        for target in targets:
+            for element in _flatten(target):
+                if isinstance(element, cst.Name):
+                    if shares:
+                        after.add(element.value)
+                    else:
+                        after.discard(element.value)  # a new value
+                elif shares and (base := _base_name(element)) is not None:
+                    after.add(base)  # `out[0] = t`: out now holds it
+        return after
+
+
+def _body(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    assert isinstance(suite, cst.SimpleStatementSuite)
+    return [cst.SimpleStatementLine(suite.body)]
+
+
+def _runs(iterable: cst.BaseExpression) -> bool:
+    """Whether a `for` over `iterable` surely runs its body: `range(n)` or
+    `range(a, b)` of literals that make it non-empty."""
+    if not (
+        isinstance(iterable, cst.Call)
+        and m.matches(iterable.func, m.Name("range"))
+        and 1 <= len(iterable.args) <= 2
+        and all(
+            isinstance(a.value, cst.Integer) and a.keyword is None
+            for a in iterable.args
+        )
     ):
-        targets: list[cst.BaseExpression]
-        if isinstance(node, cst.Assign):
-            targets = [t.target for t in node.targets]
-            value: cst.BaseExpression | None = node.value
-        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
-            targets, value = [node.target], node.value
-        elif isinstance(node, cst.For):
-            targets, value = [node.target], node.iter
-        else:
-            assert isinstance(node, cst.Call)
-            func = node.func
-            if not (
-                isinstance(func, cst.Attribute) and func.attr.value in _CONTAINER_ADDS
-            ):
-                continue
-            targets = [func.value]
-            value = cst.Tuple([cst.Element(a.value) for a in node.args])
-        if value is None:
-            continue
-        names = {
-            base
-            for target in targets
-            for element in _flatten(target)
-            if (base := _base_name(element)) is not None
-        }
-        bindings.append((names, value))
-    for _ in range(len(bindings) + 1):
-        grown = {
-            name
-            for names, value in bindings
-            if names - carriers
-            and any(may_share(value, c, qualified, handing) for c in carriers)
-            for name in names
-        } - carriers
-        if not grown:
-            break
-        carriers |= grown
-    return any(
-        isinstance(r, cst.Return)
-        and r.value is not None
-        and any(may_share(r.value, c, qualified, handing) for c in carriers)
-        for r in findall(helper.body, m.Return())
-    )
+        return False
+    bounds = [
+        int(a.value.value) for a in iterable.args if isinstance(a.value, cst.Integer)
+    ]
+    start, stop = (0, bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
+    return stop > start
 
 
 #: Methods that put their arguments into the list, set or dict they are called on.
-_CONTAINER_ADDS = frozenset({"append", "extend", "insert", "add", "update", "setdefault"})
+_CONTAINER_ADDS = frozenset(
+    {"append", "extend", "insert", "add", "update", "setdefault"}
+)
 
 
 def _positional_names(function: cst.FunctionDef) -> tuple[str, ...]:
