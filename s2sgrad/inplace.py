@@ -375,8 +375,10 @@ class _Sharing:
         base = target
         while isinstance(base, (cst.Subscript, cst.Attribute)):
             base = base.value
-        stored = base is not target or isinstance(target, cst.Name) and isinstance(
-            value, (cst.List, cst.Tuple)
+        stored = (
+            base is not target
+            or isinstance(target, cst.Name)
+            and isinstance(value, (cst.List, cst.Tuple))
         )
         if not stored or not isinstance(base, cst.Name):
             return
@@ -656,8 +658,10 @@ class _Rewrite(cst.CSTTransformer):
         return call.with_changes(func=twin, args=args)
 
 
-#: List methods that put a value into the list.
-_CONTAINER_FILLERS = frozenset({"append", "extend", "insert"})
+#: List, set and dict methods that put a value into the container.
+_CONTAINER_FILLERS = frozenset(
+    {"append", "extend", "insert", "add", "update", "setdefault"}
+)
 
 
 def _binding(node: cst.AugAssign) -> cst.Assign:
@@ -798,9 +802,7 @@ def _shown(write: InPlace) -> str:
     return (
         f"`{write.code}(...)`"
         if write.kind in ("method", "function", "helper")
-        else f"`out={write.code}`"
-        if write.kind == "out"
-        else f"`{write.code}`"
+        else f"`out={write.code}`" if write.kind == "out" else f"`{write.code}`"
     )
 
 

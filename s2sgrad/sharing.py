@@ -65,9 +65,9 @@ def may_share(
             may_share(e, c, qualified, handing) for e in elements for c in carriers
         )
     if isinstance(value, cst.BinaryOperation) and isinstance(
-        value.operator, cst.Multiply
+        value.operator, (cst.Multiply, cst.Add)
     ):
-        # `[h] * 2` holds `h` twice.
+        # `[h] * 2` holds `h` twice; `[] + [h]` holds it too.
         return any(
             isinstance(side, (cst.List, cst.Tuple))
             and may_share(side, name, qualified, handing)

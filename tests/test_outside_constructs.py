@@ -912,3 +912,94 @@ def test_a_number_where_the_op_takes_a_tensor_is_one_clear_error(tmp_path):
         with pytest.raises(TypeError, match=r"takes `temp` as a tensor; got 0\.7") as e:
             call()
         assert "torch.tensor(0.7)" in str(e.value), mode
+
+
+# -- in-place writes an outside probe found unseen (probe D) --------------------------
+
+PROBE_D_REFUSED = {
+    # A helper's `t *= 2.0` changes its tensor parameter in place.
+    "helper augmented": (
+        "def _h(t):\n    t *= 2.0\n",
+        "    u = x * w\n    _h(u)\n",
+        "S2S123",
+    ),
+    "helper augmented on an input": (
+        "def _h(t):\n    t *= 2.0\n",
+        "    u = x * w\n    _h(x)\n",
+        "S2S103",
+    ),
+    # A helper writes through the list it is given.
+    "through a list argument": (
+        "def _h(ts):\n    for z in ts:\n        z.mul_(2.0)\n",
+        "    u = x * w\n    _h([x])\n",
+        "S2S103",
+    ),
+    "through an element": (
+        "def _h(ts):\n    ts[0].mul_(2.0)\n",
+        "    u = x * w\n    _h([u])\n",
+        "S2S123",
+    ),
+    # A module-level lambda or an alias of a writing helper writes too.
+    "module lambda": (
+        "_h = lambda t: t.mul_(2.0)\n",
+        "    u = x * w\n    _h(u)\n",
+        "S2S123",
+    ),
+    "helper alias": (
+        "def _bump(t):\n    t.mul_(2.0)\n\n\n_h = _bump\n",
+        "    u = x * w\n    _h(u)\n",
+        "S2S123",
+    ),
+    # ... and a lambda that hands its argument back shares it.
+    "lambda handing back": (
+        "_h = lambda z: z\n",
+        "    u = x * w\n    v = _h(u)\n    v += 1.0\n",
+        "S2S123",
+    ),
+    # Containers filled in ways the sharing check missed.
+    "list concatenation": (
+        "",
+        "    u = x * w\n    hs = [] + [u]\n    u.mul_(2.0)\n",
+        "S2S123",
+    ),
+    "dict update": (
+        "",
+        "    u = x * w\n    d = {}\n    d.update(a=u)\n    u.mul_(2.0)\n",
+        "S2S123",
+    ),
+    # A view of an input bound to a name, then changed: the caller's tensor changes.
+    "detached input": (
+        "",
+        "    z = x.detach()\n    z.mul_(2.0)\n    u = x * w\n",
+        "S2S103",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PROBE_D_REFUSED))
+def test_in_place_writes_a_probe_found_unseen_are_refused(case):
+    """Each converted and either changed the caller's tensor or gave wrong orders
+    2-3 (or a wrong output): now refused, S2S103 on an input, S2S123 on a temporary."""
+    helper, body, code = PROBE_D_REFUSED[case]
+    source = (
+        "import torch\n\n\n"
+        + (helper + "\n\n" if helper else "")
+        + "def f(x: torch.Tensor, w: torch.Tensor):\n"
+        + body
+        + "    def backward(g):\n        return g * w, g * x\n"
+        + "    return u * 1.0, backward\n"
+    )
+    assert _refused(source)[0] == code
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        "for a in [u]:\n            a.mul_(1.0)",
+        "hs = [] + [u]\n        hs[0].mul_(1.0)",
+        "hs = {}\n        hs.update(a=u)\n        hs['a'].mul_(1.0)",
+    ],
+)
+def test_backward_changing_a_captured_value_held_elsewhere_is_refused(write):
+    """The op converted and its double backward raised torch's version error."""
+    assert _refused(BACKWARD_ALIAS.replace("WRITE", write))[0] == "S2S103"

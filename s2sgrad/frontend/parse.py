@@ -371,7 +371,7 @@ def _parse_module(
     scopes = Metadata(skeleton, unsafe_skip_copy=True).resolve(ScopeProvider)
     walks = {f: _collect(f) for f in [*(f for f, _ in pending), *helpers]}
     analysis = ScopeAnalysis(scopes, _parents(walks), positions, loc)
-    analysis.learn_helpers(helpers)
+    analysis.learn_helpers(helpers, module)
     global_scope = next(s for s in scopes.values() if isinstance(s, GlobalScope))
     qualified = _qualified_names(skeleton, scopes, global_scope, walks.values())
     records: list[Differentiator] = []

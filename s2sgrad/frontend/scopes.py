@@ -99,7 +99,9 @@ class ScopeAnalysis:
         #: The helpers that may hand back an argument (`learn_helpers`).
         self.handing_back: frozenset[str] = frozenset()
 
-    def learn_helpers(self, helpers: Sequence[cst.FunctionDef]) -> None:
+    def learn_helpers(
+        self, helpers: Sequence[cst.FunctionDef], module: cst.Module | None = None
+    ) -> None:
         """Find which parameters each helper changes in place: directly
         (`t.mul_(2)`, `t[0] = 0`, `out=t`), or by handing them to a helper that does.
 
@@ -109,6 +111,7 @@ class ScopeAnalysis:
         not rewritten) and is refused too; without it the promoted temporary's
         gradient missed the change and orders 2 and 3 were silently wrong.
         """
+        helpers = [*helpers, *_stand_ins(module, helpers)] if module else helpers
         table = {
             h.name.value: _HelperWrites(_positional_names(h), frozenset())
             for h in helpers
@@ -118,6 +121,12 @@ class ScopeAnalysis:
             for helper in helpers:
                 names = {p.name.value for p in _all_params(helper)}
                 renamed = _param_names(helper, names)
+                for loop in findall(helper.body, m.For(iter=m.Name())):
+                    # `for z in ts: z.mul_(2)` writes the tensors `ts` holds.
+                    assert isinstance(loop, cst.For) and isinstance(loop.iter, cst.Name)
+                    owner = renamed.get(loop.iter.value, loop.iter.value)
+                    if owner in names and isinstance(loop.target, cst.Name):
+                        renamed[loop.target.value] = owner
                 finder = _MutationFinder(None, self.imported, self._qualified, table)
                 walk(helper.body, finder)
                 written = (
@@ -128,6 +137,8 @@ class ScopeAnalysis:
                     )
                     & names
                 )
+                # `t *= 2.0` on a tensor parameter never bound again: in place.
+                written |= _augmented_parameters(helper, finder.augmented)
                 entry = table[helper.name.value]
                 if written != entry.written:
                     table[helper.name.value] = entry._replace(written=written)
@@ -456,10 +467,18 @@ class ScopeAnalysis:
         renamed = _param_names(forward, params)
         found = []
         writes = []
+        views = _input_views(forward, params, self._qualified)
         for hit in hits:
             if hit.kind == "container" and not hit.in_backward:
                 # `ys = xs; ys.append(y)` changes the input `xs`.
                 hit = replace(hit, name=renamed.get(hit.name, hit.name))
+            elif not hit.in_backward and hit.kind != "del" and hit.name in views:
+                # `z = x.detach(); z.mul_(2)` changes the input `x`; so does
+                # `parts = x.chunk(2); parts[0].mul_(2)`, but not `parts[0] = v`,
+                # which changes the tuple.
+                owner, holder = views[hit.name]
+                if not holder or hit.depth >= (2 if hit.kind == "store" else 1):
+                    hit = replace(hit, name=owner)
             if hit.in_backward or hit.kind == "del":
                 if hit.name not in captured:
                     continue
@@ -506,6 +525,90 @@ def _param_names(forward: cst.FunctionDef, params: set[str]) -> dict[str, str]:
             break
         found.update(grown)
     return {name: p for name, p in found.items() if name not in params}
+
+
+def _input_views(
+    forward: cst.FunctionDef,
+    params: set[str],
+    qualified: Callable[[cst.CSTNode], str | None],
+) -> dict[str, tuple[str, bool]]:
+    """The names forward binds once, to a parameter's tensor or a view of it (`z =
+    x.detach()`, `v = x[0]`, `w = z.view(-1)`), or to a container of such views
+    (`parts = x.chunk(2)`, `hs = [x]`): each with that parameter, and whether it is
+    a container. A write through one changes the caller's tensor. A name bound more
+    than once is left out (`h = x; h = h * w` makes `h` a new tensor before any
+    write to it)."""
+    counts: dict[str, int] = {}
+    single: dict[str, cst.BaseExpression] = {}
+    for node in findall(
+        forward.body,
+        m.Assign() | m.AnnAssign() | m.For() | m.WithItem() | m.NamedExpr(),
+    ):
+        targets: list[cst.BaseExpression]
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        elif isinstance(node, cst.WithItem):
+            targets = [node.asname.name] if node.asname is not None else []
+        else:
+            assert isinstance(node, (cst.AnnAssign, cst.For, cst.NamedExpr))
+            targets = [node.target]
+        for target in targets:
+            for element in _flatten(target):
+                if isinstance(element, cst.Name):
+                    counts[element.value] = counts.get(element.value, 0) + 1
+                    if isinstance(node, cst.Assign) and len(targets) == 1:
+                        single[element.value] = node.value
+    found: dict[str, tuple[str, bool]] = {}
+    for _ in range(len(single) + 1):
+        grown = False
+        for name, value in single.items():
+            if name in found or name in params or counts.get(name) != 1:
+                continue
+            owner = next(
+                (
+                    found[n][0] if n in found else n
+                    for n in [*params, *found]
+                    if may_share(value, n, qualified)
+                ),
+                None,
+            )
+            if owner is not None:
+                found[name] = (owner, _holder(value))
+                grown = True
+        if not grown:
+            break
+    return found
+
+
+#: Tensor methods that return a tuple of views.
+_SPLITTERS = frozenset({"chunk", "split", "unbind", "tensor_split", "split_with_sizes"})
+
+
+def _holder(value: cst.BaseExpression) -> bool:
+    """Whether `value` makes a container (`[x]`, `x.chunk(2)`, `list(...)`), whose
+    own items a store replaces, rather than a tensor."""
+    if isinstance(
+        value,
+        (
+            cst.List,
+            cst.Tuple,
+            cst.Set,
+            cst.Dict,
+            cst.ListComp,
+            cst.SetComp,
+            cst.DictComp,
+            cst.GeneratorExp,
+            cst.BinaryOperation,
+        ),
+    ):
+        return True
+    if isinstance(value, cst.Call):
+        func = value.func
+        if isinstance(func, cst.Name):
+            return func.value in ("list", "tuple", "dict", "set", "sorted", "reversed")
+        if isinstance(func, cst.Attribute):
+            return func.attr.value in _SPLITTERS
+    return False
 
 
 def _size_index(call: cst.Call) -> cst.BaseExpression | None:
@@ -573,14 +676,27 @@ def _through_backward_aliases(
     `a.mul_(1)` changes `u`, which backward's second run (or a double backward)
     then finds changed, a RuntimeError at call time."""
     shared: dict[str, str] = {}
-    assigns = [
-        a for a in findall(backward.body, m.Assign()) if isinstance(a, cst.Assign)
+    # `for a in [u]:` makes `a` u itself.
+    assigns: list[tuple[list[cst.BaseExpression], cst.BaseExpression]] = [
+        (
+            ([t.target for t in a.targets], a.value)
+            if isinstance(a, cst.Assign)
+            else ([a.target], a.iter)
+        )
+        for a in findall(backward.body, m.Assign() | m.For())
+        if isinstance(a, (cst.Assign, cst.For))
     ]
+    for call in findall(backward.body, m.Call(func=m.Attribute(value=m.Name()))):
+        # `hs.update(a=u)`, `hs.append(u)`: `hs` now holds u.
+        assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+        if call.func.attr.value in _CONTAINER_ADDS:
+            held = cst.Tuple([cst.Element(a.value) for a in call.args])
+            assigns.append(([call.func.value], held))
     for _ in range(len(assigns) + 1):
         grown = False
-        for assign in assigns:
-            for target in assign.targets:
-                for element in _flatten(target.target):
+        for targets, value in assigns:
+            for target in targets:
+                for element in _flatten(target):
                     if not isinstance(element, cst.Name) or element.value in shared:
                         continue
                     if element.value in captured:
@@ -589,7 +705,7 @@ def _through_backward_aliases(
                         (
                             shared.get(c, c)
                             for c in [*captured, *shared]
-                            if may_share(assign.value, c, qualified)
+                            if may_share(value, c, qualified)
                         ),
                         None,
                     )
@@ -606,6 +722,83 @@ def _through_backward_aliases(
         )
         for hit in hits
     ]
+
+
+def _stand_ins(
+    module: cst.Module, helpers: Sequence[cst.FunctionDef]
+) -> list[cst.FunctionDef]:
+    """A `def` for each module-level name bound to a lambda (`_ml = lambda z: z`) or
+    to another helper (`_b2 = _bump`), so that what it writes and hands back is read
+    as a helper's is: `def _ml(z): return z`, `def _b2(t): return _bump(t)`."""
+    known = {h.name.value for h in helpers}
+    defs = {h.name.value: h for h in helpers}
+    defs.update(
+        (s.name.value, s) for s in module.body if isinstance(s, cst.FunctionDef)
+    )
+    found: list[cst.FunctionDef] = []
+    for statement in module.body:
+        if not m.matches(
+            statement,
+            m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())])]),
+        ):
+            continue
+        assert isinstance(statement, cst.SimpleStatementLine)
+        assign = statement.body[0]
+        assert isinstance(assign, cst.Assign)
+        target = assign.targets[0].target
+        assert isinstance(target, cst.Name)
+        value = assign.value
+        if isinstance(value, cst.Lambda):
+            body: cst.BaseExpression = value.body
+            params = value.params
+        elif isinstance(value, cst.Name) and value.value in defs:
+            if value.value not in known:  # called by its alias only
+                known.add(value.value)
+                found.append(defs[value.value])
+            params = defs[value.value].params
+            names = [p.name.value for p in (*params.posonly_params, *params.params)]
+            body = cst.parse_expression(f"{value.value}({', '.join(names)})")
+        else:
+            continue
+        stand_in = cst.FunctionDef(
+            name=target,
+            params=params,
+            body=cst.IndentedBlock([cst.SimpleStatementLine([cst.Return(body)])]),
+        )
+        defs[target.value] = stand_in
+        found.append(stand_in)
+    return found
+
+
+def _augmented_parameters(
+    helper: cst.FunctionDef, augmented: Sequence[cst.AugAssign]
+) -> frozenset[str]:
+    """The parameters a helper changes by `p op= ...` and never binds anew: Python
+    changes a tensor in place there. A parameter annotated as a number is left out
+    (`k += 1` makes a new int)."""
+    rebound = {
+        element.value
+        for a in findall(helper.body, m.Assign() | m.AnnAssign() | m.For())
+        if isinstance(a, (cst.Assign, cst.AnnAssign, cst.For))
+        for target in (
+            [t.target for t in a.targets] if isinstance(a, cst.Assign) else [a.target]
+        )
+        for element in _flatten(target)
+        if isinstance(element, cst.Name)
+    }
+    numbers = {
+        p.name.value
+        for p in _all_params(helper)
+        if p.annotation is not None
+        and cst.Module([]).code_for_node(p.annotation.annotation)
+        in ("int", "float", "bool", "complex")
+    }
+    params = {p.name.value for p in _all_params(helper)} - numbers - rebound
+    return frozenset(
+        a.target.value
+        for a in augmented
+        if isinstance(a.target, cst.Name) and a.target.value in params
+    )
 
 
 def _hands_back(
@@ -955,7 +1148,15 @@ class _MutationFinder(cst.CSTVisitor):
                 else:
                     param = None
                 if param in helper.written:
-                    self._hit(arg, arg.value, "helper", _code(func))
+                    value = arg.value
+                    # `_bump_all([t, u])`: the helper writes through the list.
+                    parts = (
+                        [e.value for e in value.elements]
+                        if isinstance(value, (cst.List, cst.Tuple))
+                        else [value]
+                    )
+                    for part in parts:
+                        self._hit(arg, part, "helper", _code(func))
         for arg in node.args:
             if arg.keyword is None:
                 continue
