@@ -29,7 +29,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound, bound_target, dotted, findall
+from s2sgrad.cst import bound, bound_target, dotted, findall, nodes
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names, may_alias_at
@@ -58,8 +58,11 @@ def out_of_place(
     aliases = aliasing_names(diff)
     sharing = _Sharing(diff)
     params = {p.name for p in diff.params}
+    gradless = _gradless(diff)
     plain: set[int] = set()  # `h += y` on a tensor forward made: `h = h + y`
     for line, node in augmented:
+        if id(node) in gradless:
+            continue  # kept as written: see below
         why = sharing.at.get(id(node))
         if why is not None:
             problems.append(_reject_augmented(node, line, why, path, lines))
@@ -75,6 +78,12 @@ def out_of_place(
         if name not in params and not aliased and value and value.diff:
             plain.add(id(node))
     for write in diff.writes:
+        if id(write.node) in gradless:
+            # Under `torch.no_grad()` the closure changes the values and keeps the
+            # graph: autograd differentiates the value as computed before (`t = x *
+            # w`) at the new values. Run as written, the op does the same; written
+            # out of place, `t` lost its graph (orders 2-3 wrong).
+            continue
         value = values.get(write.name)
         if value is not None and _changes_an_element(write, value):
             problems.append(_reject_element(write, path, lines))
@@ -119,6 +128,35 @@ def out_of_place(
         statements=statements,
         statement_lines=lines_of,
         qualified_names=qualified,
+    )
+
+
+#: Context managers that turn grad mode off for their block.
+_GRAD_OFF = frozenset({"torch.no_grad", "torch.inference_mode"})
+
+
+def _gradless(diff: Differentiator) -> set[int]:
+    """The ids of the nodes inside forward's `with torch.no_grad():` blocks (also
+    `torch.inference_mode()` and `torch.set_grad_enabled(False)`)."""
+    found: set[int] = set()
+    for statement in diff.statements:
+        for block in findall(statement, m.With()):
+            assert isinstance(block, cst.With)
+            if any(_grad_off(item.item, diff) for item in block.items):
+                found |= {id(n) for n in nodes(block.body)}
+    return found
+
+
+def _grad_off(item: cst.BaseExpression, diff: Differentiator) -> bool:
+    if not isinstance(item, cst.Call):
+        return False
+    name = diff.qualified_names.get(item.func) if dotted(item.func) else None
+    if name in _GRAD_OFF:
+        return True
+    return (
+        name == "torch.set_grad_enabled"
+        and len(item.args) == 1
+        and m.matches(item.args[0].value, m.Name("False"))
     )
 
 

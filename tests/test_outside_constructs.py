@@ -1003,3 +1003,38 @@ def test_in_place_writes_a_probe_found_unseen_are_refused(case):
 def test_backward_changing_a_captured_value_held_elsewhere_is_refused(write):
     """The op converted and its double backward raised torch's version error."""
     assert _refused(BACKWARD_ALIAS.replace("WRITE", write))[0] == "S2S103"
+
+
+NO_GRAD_WRITE = """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = x * w
+    with CONTEXT:
+        WRITE
+    def backward(g):
+        return g * (t + x * w), g * x * x
+    return t * x, backward
+"""
+
+
+@pytest.mark.parametrize(
+    "context", ["torch.no_grad()", "torch.set_grad_enabled(False)"]
+)
+@pytest.mark.parametrize("write", ["t.mul_(2.0)", "t *= 2.0"])
+@pytest.mark.parametrize("policy", ["promote", "recompute"])
+def test_an_in_place_write_under_no_grad_keeps_the_graph(
+    tmp_path, context, write, policy
+):
+    """Under `torch.no_grad()` the closure changes `t`'s values and keeps its graph
+    (`t = x * w`); the op wrote `t = t.mul(2.0)` there, which cut `t` from x and w
+    (orders 2-3 wrong). It now runs the write as written."""
+    source = NO_GRAD_WRITE.replace("CONTEXT", context).replace("WRITE", write)
+    name = f"no_grad_{policy}_{abs(hash((context, write))) % 10000}"
+    closures, generated = import_pair(tmp_path, source, name, policy=policy)
+    _check(
+        closures,
+        generated,
+        "f",
+        [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)],
+    )
