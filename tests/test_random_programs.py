@@ -1005,3 +1005,31 @@ def f(inp: torch.Tensor, weight: torch.Tensor):
     )
     check_closure(prog)
     check_generated(prog, skip_known_bugs=False)
+
+
+def test_regression_tuple_assignment_pairs_each_name_with_its_value() -> None:
+    """`c2, t3 = torch.detach(t1), t1 * 1.5` where `t1` views the input: 58fa3ed's
+    check of names bound to a view of an input took `t3` for a view too (the whole
+    right-hand side held one) and refused `t3[-1:, ...].mul_(2.0)` as changing the
+    input (S2S103). Each name now gets its own part; the 10,000-example run caught
+    it after 2,602 examples."""
+    source = """import torch
+
+
+def f(x: torch.Tensor, w: torch.Tensor):
+    t1 = x.reshape(-1)
+    c2, t3 = torch.detach(t1), t1 * 1.5
+    t3[-1:, ...].mul_(2.0)
+    out = t3 * w
+    def backward(g):
+        scale = torch.full_like(t3, 1.5)
+        scale[-1:] = 3.0
+        return g * w * scale, g * t3
+    return out, backward
+"""
+    prog = dataclasses.replace(
+        program(source, [T("x", 3), T("w", 3)]),
+        module_name="s2sgrad_regression_tuple_pairs",
+    )
+    check_closure(prog)
+    check_generated(prog, skip_known_bugs=False)

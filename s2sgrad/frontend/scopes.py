@@ -556,8 +556,9 @@ def _input_views(
             for element in _flatten(target):
                 if isinstance(element, cst.Name):
                     counts[element.value] = counts.get(element.value, 0) + 1
-                    if isinstance(node, cst.Assign) and len(targets) == 1:
-                        single[element.value] = node.value
+            if isinstance(node, cst.Assign) and len(targets) == 1:
+                for name, part in _paired(target, node.value):
+                    single[name] = part
     found: dict[str, tuple[str, bool]] = {}
     for _ in range(len(single) + 1):
         grown = False
@@ -609,6 +610,34 @@ def _holder(value: cst.BaseExpression) -> bool:
         if isinstance(func, cst.Attribute):
             return func.attr.value in _SPLITTERS
     return False
+
+
+def _paired(
+    target: cst.BaseExpression, value: cst.BaseExpression
+) -> list[tuple[str, cst.BaseExpression]]:
+    """Each name `target = value` binds, with the part of `value` it gets: `a, b =
+    t, g` pairs `a` with `t`; unpacking anything else pairs every name with all of
+    `value` (it may be any part of it); a subscript or attribute target binds no
+    name."""
+    if isinstance(target, cst.Name):
+        return [(target.value, value)]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        if (
+            isinstance(value, (cst.Tuple, cst.List))
+            and len(value.elements) == len(target.elements)
+            and not any(isinstance(e, cst.StarredElement) for e in target.elements)
+        ):
+            return [
+                pair
+                for t, v in zip(target.elements, value.elements, strict=True)
+                for pair in _paired(t.value, v.value)
+            ]
+        return [
+            (element.value, value)
+            for element in _flatten(target)
+            if isinstance(element, cst.Name)
+        ]
+    return []
 
 
 def _size_index(call: cst.Call) -> cst.BaseExpression | None:
@@ -696,21 +725,19 @@ def _through_backward_aliases(
         grown = False
         for targets, value in assigns:
             for target in targets:
-                for element in _flatten(target):
-                    if not isinstance(element, cst.Name) or element.value in shared:
-                        continue
-                    if element.value in captured:
+                for name, part in _paired(target, value):
+                    if name in shared or name in captured:
                         continue
                     owner = next(
                         (
                             shared.get(c, c)
                             for c in [*captured, *shared]
-                            if may_share(value, c, qualified)
+                            if may_share(part, c, qualified)
                         ),
                         None,
                     )
                     if owner is not None:
-                        shared[element.value] = owner
+                        shared[name] = owner
                         grown = True
         if not grown:
             break
