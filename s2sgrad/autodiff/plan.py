@@ -600,7 +600,8 @@ class Planner:
         alias = (
             version.is_param
             or source in params
-            or (final and source in self.lifted.aliases)
+            or source in self.lifted.aliases
+            or version.name in self.lifted.aliases
             or (version.id in self.may_end_as and version.id not in self.where_bound)
         )
         saved = classify(self.diff, name, source, version.value, where, 0, alias)
