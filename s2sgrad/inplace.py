@@ -34,7 +34,7 @@ from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names, may_alias_at
 from s2sgrad.lines import line_text
-from s2sgrad.sharing import may_share
+from s2sgrad.sharing import CONTAINER_ADDS, may_share
 from s2sgrad.values import NUMBER, OTHER, SEQ, SETITEM, SETITEM_NAME, TENSOR, Value
 
 
@@ -399,7 +399,7 @@ class _Sharing:
             if (
                 isinstance(func, cst.Attribute)
                 and isinstance(func.value, cst.Name)
-                and func.attr.value in _CONTAINER_FILLERS
+                and func.attr.value in CONTAINER_ADDS
             ):
                 for arg in call.args:
                     for held in _names_viewed(self.diff, arg.value):
@@ -696,10 +696,6 @@ class _Rewrite(cst.CSTTransformer):
         return call.with_changes(func=twin, args=args)
 
 
-#: List, set and dict methods that put a value into the container.
-_CONTAINER_FILLERS = frozenset(
-    {"append", "extend", "insert", "add", "update", "setdefault"}
-)
 
 
 def _binding(node: cst.AugAssign) -> cst.Assign:

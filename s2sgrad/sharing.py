@@ -101,6 +101,12 @@ def may_share(
     return False
 
 
+#: Methods that put their arguments into the list, set or dict they are called on
+#: (`hs.append(h)`, `d.update(a=h)`): the container then holds them.
+CONTAINER_ADDS = frozenset(
+    {"append", "extend", "insert", "add", "update", "setdefault"}
+)
+
 #: Builtins whose result may hold, or be, one of their arguments' tensors.
 _HOLDERS = frozenset(
     {

@@ -41,7 +41,7 @@ from s2sgrad.frontend.model import (
     InPlace,
     Use,
 )
-from s2sgrad.sharing import may_share
+from s2sgrad.sharing import CONTAINER_ADDS, may_share
 
 
 @dataclass(frozen=True)
@@ -718,7 +718,7 @@ def _through_backward_aliases(
     for call in findall(backward.body, m.Call(func=m.Attribute(value=m.Name()))):
         # `hs.update(a=u)`, `hs.append(u)`: `hs` now holds u.
         assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
-        if call.func.attr.value in _CONTAINER_ADDS:
+        if call.func.attr.value in CONTAINER_ADDS:
             held = cst.Tuple([cst.Element(a.value) for a in call.args])
             assigns.append(([call.func.value], held))
     for _ in range(len(assigns) + 1):
@@ -923,7 +923,7 @@ class _Carriers:
             return carriers
         if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
             func = small.value.func
-            if isinstance(func, cst.Attribute) and func.attr.value in _CONTAINER_ADDS:
+            if isinstance(func, cst.Attribute) and func.attr.value in CONTAINER_ADDS:
                 base = _base_name(func.value)
                 added = cst.Tuple([cst.Element(a.value) for a in small.value.args])
                 if base is not None and self.shares(added, carriers):
@@ -977,10 +977,6 @@ def _runs(iterable: cst.BaseExpression) -> bool:
     return stop > start
 
 
-#: Methods that put their arguments into the list, set or dict they are called on.
-_CONTAINER_ADDS = frozenset(
-    {"append", "extend", "insert", "add", "update", "setdefault"}
-)
 
 
 def _positional_names(function: cst.FunctionDef) -> tuple[str, ...]:
