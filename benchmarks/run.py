@@ -1124,7 +1124,9 @@ def report(
             "modules of tests/corpus/ joined into one (closure-style rules as people "
             "write them: lists, branches, helpers, comments). **Cold**: `python -m "
             "s2sgrad convert FILE -o DIR` in a fresh interpreter, median of "
-            f"{tool['repeats']} runs. **Warm**: `pipeline.convert` in a process that has "
+            f"{tool['repeats']} runs, with s2sgrad's bytecode and its rule cache "
+            "written (as after the first conversion on a machine; the first one is "
+            "below the table). **Warm**: `pipeline.convert` in a process that has "
             "converted another module already (what the import hook pays for its second "
             "module; black's memo emptied), best of as many. **`--check`**: `convert "
             "--check` of the output just written, in a fresh interpreter (answered from "
@@ -1153,6 +1155,15 @@ def report(
                 f"({was(prev, f'{key}_check_lines_per_s', '.0f')}) |"
             )
         w("")
+        for label, r in inputs.values():
+            if r.get("first_run"):
+                first = r["first_run"]
+                w(
+                    f"- {label}, the first conversion after installing (no rule "
+                    "cache yet: each rule the module uses is parsed; "
+                    f"`convert_speed.first_run`): {first['wall_s']:.2f} s, "
+                    f"{first['lines_per_s']:.0f} lines/s"
+                )
         for key, (label, r) in inputs.items():
             w(
                 f"- {label}: interpreter start and `import s2sgrad.cli` "

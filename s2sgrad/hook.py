@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import s2sgrad
 from s2sgrad.config import ConfigError, load_config
 from s2sgrad.diagnostics import Diagnostic, TransformError
+from s2sgrad.files import write_atomic
 from s2sgrad.header import FORMAT_VERSION, HASH_MARK, Origin, source_hash
 from s2sgrad.lines import split_lines
 from s2sgrad.options import Options
@@ -457,28 +458,6 @@ def _cache_mode(source: Path) -> int:
     import can replace an entry of a read-only source (importlib's `_calc_mode`).
     """
     return (stat.S_IMODE(source.stat().st_mode) | 0o200) & 0o666
-
-
-def write_atomic(path: Path, data: bytes, mode: int) -> None:
-    """Write `data` to `path` through a pid-suffixed temporary file and `os.replace`.
-
-    The file is created with `mode` less the umask, as importlib writes `.pyc` files;
-    `O_EXCL` never writes through a file or link left at the temporary name, which is
-    removed first (a killed process with this id may have left it).
-    """
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.unlink(missing_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-        with open(os.open(tmp, flags, mode), "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        raise
 
 
 _RUN_USAGE = "usage: s2sgrad run script.py [args...] | s2sgrad run -m module [args...]"

@@ -8,16 +8,24 @@ go through s2sgrad's own frontend, so a rule is checked like any user differenti
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-import importlib.resources
+import hashlib
+import importlib.util
+import os
+import pickle
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 import libcst.matchers as m
+from libcst._version import __version__ as libcst_version
 
 from s2sgrad.cst import findall
+from s2sgrad.files import write_atomic
 from s2sgrad.frontend import parse
 from s2sgrad.frontend.model import Differentiator
 
@@ -143,14 +151,34 @@ class _LazyRules(Mapping[str, Rule]):
     function alone, so start-up cost follows the rules used, not the size of rules.py.
     """
 
-    def __init__(self, module: cst.Module, header: str) -> None:
-        self.functions = {
-            s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)
-        }
-        self.names = _table(module, "RULES")
-        self.varargs = _table(module, "VARARGS")
-        self.header = header
-        self.built: dict[str, Rule] = {}
+    def __init__(
+        self,
+        names: dict[str, str],
+        varargs: dict[str, str],
+        built: dict[str, Rule],
+        module: cst.Module | None = None,
+    ) -> None:
+        self.names = names
+        self.varargs = varargs
+        self.built = built
+        self.functions: dict[str, cst.FunctionDef] = {}
+        self.header = ""
+        if module is not None:
+            self.functions = {
+                s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)
+            }
+            imports = [
+                s
+                for s in module.body
+                if m.matches(
+                    s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
+                )
+            ]
+            self.header = "".join(cst.Module([]).code_for_node(s) for s in imports)
+
+    @classmethod
+    def of(cls, module: cst.Module) -> _LazyRules:
+        return cls(_table(module, "RULES"), _table(module, "VARARGS"), {}, module)
 
     def _rule(self, name: str) -> Rule:
         if name not in self.built:
@@ -161,6 +189,10 @@ class _LazyRules(Mapping[str, Rule]):
                 raise AssertionError(f"rule {name} does not follow the rule format")
             self.built[name] = rule
         return self.built[name]
+
+    def build_all(self) -> None:
+        for name in self.functions:
+            self._rule(name)
 
     def __getitem__(self, qualified: str) -> Rule:
         rule = self._rule(self.names[qualified])
@@ -177,17 +209,84 @@ class _LazyRules(Mapping[str, Rule]):
 
 @functools.cache
 def builtin_registry() -> Registry:
-    """Return the rules shipped in `s2sgrad/autodiff/rules.py`, by qualified name."""
-    source = (
-        importlib.resources.files("s2sgrad.autodiff")
-        .joinpath("rules.py")
-        .read_text("utf-8")
-    )
-    module = cst.parse_module(source)
-    imports = [
-        s
-        for s in module.body
-        if m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))
-    ]
-    header = "".join(cst.Module([]).code_for_node(s) for s in imports)
-    return Registry(_LazyRules(module, header))
+    """Return the rules shipped in `s2sgrad/autodiff/rules.py`, by qualified name.
+
+    Built rules are kept beside rules.py's bytecode (see `_RuleCache`): a process that
+    finds them there reads them in milliseconds instead of parsing every rule it uses.
+    """
+    source = RULES_PATH.read_text("utf-8")
+    cache = _RuleCache.of(source)
+    rules = cache.read() if cache is not None else None
+    if rules is None:
+        rules = _LazyRules.of(cst.parse_module(source))
+        if cache is not None and cache.writable():
+            rules.build_all()
+            cache.write(rules)
+    return Registry(rules)
+
+
+RULES_PATH = Path(__file__).with_name("rules.py")
+#: Opens every cache entry; bump the number when the entry layout changes.
+RULES_MAGIC = b"s2sgrad-rules 1\n"
+
+
+@dataclass(frozen=True)
+class _RuleCache:
+    """The built rules, pickled into rules.py's `__pycache__` as Python keeps its
+    bytecode there (`sys.pycache_prefix` and `PYTHONDONTWRITEBYTECODE` hold).
+
+    An entry is used only when the key stored in it equals the key computed now: a
+    digest of rules.py, of every source file of s2sgrad (whose frontend builds the
+    rules), and of the interpreter and libcst that pickled them. Any failure to read,
+    write or unpickle is a miss, and a miss parses the rules as if there were no cache.
+    """
+
+    entry: Path
+    key: bytes
+
+    @classmethod
+    def of(cls, source: str) -> _RuleCache | None:
+        tag = sys.implementation.cache_tag
+        if tag is None:
+            return None
+        folder = Path(importlib.util.cache_from_source(str(RULES_PATH))).parent
+        digest = hashlib.sha256()
+        for part in (RULES_MAGIC, sys.version.encode(), libcst_version.encode()):
+            digest.update(part + b"\0")
+        digest.update(source.encode())
+        package = RULES_PATH.parent.parent
+        for path in sorted(package.rglob("*.py")):
+            digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+            try:
+                digest.update(path.read_bytes())
+            except OSError:
+                return None
+        return cls(folder / f"rules.{tag}.s2sgrad-rules", digest.hexdigest().encode())
+
+    def read(self) -> _LazyRules | None:
+        try:
+            with self.entry.open("rb") as file:
+                if file.readline() != RULES_MAGIC or file.readline() != self.key + b"\n":
+                    return None
+                names, varargs, built = pickle.load(file)
+        except Exception:  # a missing, stale, truncated or foreign entry: a miss
+            return None
+        if not all(isinstance(d, dict) for d in (names, varargs, built)):
+            return None
+        return _LazyRules(names, varargs, built)
+
+    def writable(self) -> bool:
+        if sys.dont_write_bytecode:
+            return False
+        try:
+            self.entry.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return False
+        return os.access(self.entry.parent, os.W_OK)
+
+    def write(self, rules: _LazyRules) -> None:
+        data = pickle.dumps(
+            (rules.names, rules.varargs, rules.built), pickle.HIGHEST_PROTOCOL
+        )
+        with contextlib.suppress(OSError):  # not cached: the next process parses
+            write_atomic(self.entry, RULES_MAGIC + self.key + b"\n" + data, 0o644)
