@@ -17,6 +17,7 @@ is only non-differentiable or only a non-tensor when that is proven; anything el
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -125,6 +126,14 @@ class Value:
             return False
         element = self.element_or_none()
         return element is not None and element.tensor is True and bool(element.kinds)
+
+
+def _joined(a: dict[str, Value], b: dict[str, Value]) -> dict[str, Value]:
+    """The environments `a` and `b` joined: either may be what holds afterwards."""
+    out = dict(a)
+    for name, value in b.items():
+        out[name] = out[name].join(value) if name in out else value
+    return out
 
 
 def _join_optional(a: Value | None, b: Value | None) -> Value | None:
@@ -781,6 +790,8 @@ class Evaluator:
         params = helper.node.params
         if isinstance(params.star_arg, cst.Param) or params.star_kwarg:
             return top(diff)  # `*args`, `**kwargs` (a bare `*` only marks keywords)
+        if any(a.star for a in node.args):
+            return top(diff)  # `helper(*xs)`: which parameter gets what is not known
         ordered = [*params.posonly_params, *params.params, *params.kwonly_params]
         inner = Evaluator(helper.qualified_names, {}, self.facts, self.depth + 1)
         env: dict[str, Value] = dict(enclosing or {})
@@ -806,6 +817,22 @@ class Evaluator:
         if fixed is not None:
             return fixed
         diff = any(a.diff for a in args)
+        stars = [a.star for a in node.args]
+        if any(stars):
+            # `zip(*rows)`, `max(*ts)`: a starred argument stands for its elements,
+            # how many is not known.
+            if "**" in stars or name not in ("zip", "min", "max"):
+                return top(diff)
+            spread = [
+                self.iterated(v) if star else v
+                for star, v in zip(stars, args, strict=True)
+            ]
+            if name == "zip":
+                columns = _join_all(self.iterated(v) for v in spread)
+                return seq(seq(columns, "tuple"), "list")
+            return SCALAR if all(v.kinds <= {NUMBER} for v in spread) else (
+                _join_all(spread)
+            )
         first = args[0] if args else BOTTOM
         if name in ("list", "tuple", "sorted", "reversed", "set"):
             form = {"list": "list", "sorted": "list", "tuple": "tuple"}.get(name)
@@ -960,15 +987,23 @@ class Evaluator:
                     self.bind(item.asname.name, value)
             self.run(statements(node.body))
         elif isinstance(node, cst.Try):
-            before = dict(self.env)
-            self.run(statements(node.body))
+            # A handler starts from any state the body passed through; after the
+            # statement, forward holds what the body and `else` left, or what one
+            # of the handlers did.
+            raised = dict(self.env)
+            for statement in statements(node.body):
+                self.run([statement])
+                raised = _joined(raised, self.env)
+            if node.orelse is not None:
+                self.run(statements(node.orelse.body))
+            ends = [self.env]
             for handler in node.handlers:
-                self._merge(before)
+                self.env = dict(raised)
                 if handler.name is not None:
                     self.bind(handler.name.name, OBJECT)
                 self.run(statements(handler.body))
-            if node.orelse is not None:
-                self.run(statements(node.orelse.body))
+                ends.append(self.env)
+            self.env = functools.reduce(_joined, ends)
             if node.finalbody is not None:
                 self.run(statements(node.finalbody.body))
 

@@ -569,10 +569,11 @@ class Planner:
             for saved in ctx.entries
             if saved.storage == "tensor" and saved.name in ctx.versions
         ]
-        held += [
+        held += [  # read by name, which backward may bind to something else
             (self.by_id[v].name, self.by_id[v])
             for v, kinds in reads.items()
             if None in kinds and v in self.at_end and self.by_id[v].value.tensor
+            and self.by_id[v].name not in self.backward_locals
         ]
         for name, other in held:
             if self.shapes.of(other) == wanted and other.id in self.at_end:

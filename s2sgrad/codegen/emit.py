@@ -80,7 +80,7 @@ def emit(
         strict = ", strict=True" if compiled == "strict" else ""
         # The Function calls the pair through compiled wrappers (the runtime's
         # `_compiled`), whose names never start with `__`.
-        alias = NameAllocator(module_names)
+        alias = NameAllocator({*module_names, *record.taken})
         pair = (
             alias.fresh(f"compiled_{names.forward.lstrip('_')}"),
             alias.fresh(f"compiled_{names.backward.lstrip('_')}"),
@@ -103,11 +103,20 @@ def emit(
                 f"{pair[1]} = _compiled({names.backward}, differentiable=True{strict})\n"
             ),
         ]
-    elif names.forward.startswith("__"):
-        # Python mangles `__name` inside a class body: the Function calls the pair
-        # through names that are not mangled.
-        alias = NameAllocator(module_names)
+    elif names.forward.startswith("__") or {*pair} & record.taken:
+        # Python mangles `__name` inside a class body, and a name the closure binds
+        # itself (`f_forward = torch.exp(x)`) would be a local of the Function's
+        # methods: the Function calls the pair through other names.
+        alias = NameAllocator({*module_names, *record.taken})
         pair = (alias.fresh(names.forward[1:]), alias.fresh(names.backward[1:]))
+        why = (
+            "Python would mangle these names inside the class body."
+            if names.forward.startswith("__")
+            else f"`{record.source.name}` binds these names itself: its Function calls"
+            " the pair by these."
+        )
+        if not names.forward.startswith("__"):
+            pair = (alias.fresh(names.forward), alias.fresh(names.backward))
         definitions.append(
             cst.parse_statement(
                 f"{pair[0]}, {pair[1]} = {names.forward}, {names.backward}\n"
@@ -115,11 +124,7 @@ def emit(
                 leading_lines=[
                     cst.EmptyLine(),
                     cst.EmptyLine(),
-                    cst.EmptyLine(
-                        comment=cst.Comment(
-                            "# Python would mangle these names inside the class body."
-                        )
-                    ),
+                    cst.EmptyLine(comment=cst.Comment(f"# {why}")),
                 ]
             )
         )

@@ -18,7 +18,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad.autodiff.inline import bound_names, names_read
-from s2sgrad.cst import module
+from s2sgrad.cst import findall, module, nodes
+from s2sgrad.sharing import CONTAINER_ADDS
 
 _SIMPLE = m.SimpleStatementLine(
     body=[m.Assign(targets=[m.AssignTarget(m.Name())]) | m.AnnAssign(target=m.Name())]
@@ -63,6 +64,8 @@ def slice_closure(
         return None
     if sum(len(b) for b in binds) != len(set().union(*binds)):
         return None  # a name bound twice: slices would not be independent
+    if _order_matters([*body, *entries]):
+        return None
     read_before: set[str] = set()
     for statement, bound in zip(body, binds, strict=True):
         if bound & read_before:
@@ -124,6 +127,57 @@ def slice_closure(
                 )
             )
     return Sliced(out, frozenset(assigned))
+
+
+#: Methods that change the object they are called on (beside tensors' `op_`).
+_CHANGES = CONTAINER_ADDS | {"pop", "popitem", "remove", "clear", "sort", "reverse"}
+#: What binds a name to an object that a call may change, or consume.
+_CHANGEABLE = m.OneOf(
+    m.List(),
+    m.Dict(),
+    m.Set(),
+    m.ListComp(),
+    m.DictComp(),
+    m.SetComp(),
+    m.GeneratorExp(),
+    m.Call(func=m.OneOf(*(m.Name(n) for n in ("list", "dict", "set", "iter")))),
+    m.Call(func=m.Name("reversed")),
+)
+
+
+def _order_matters(parts: Sequence[cst.CSTNode]) -> bool:
+    """Whether the statements may change state that another reads, so that running
+    only some of them changes what the rest compute: `stack.pop()`, `next(it)`, an
+    in-place tensor op, a walrus (which binds a name inside an expression that a
+    slice may skip), or a call handed a list, dict or iterator that backward made
+    (a helper may fill it, or consume it)."""
+    changeable = {
+        target.target.value
+        for part in parts
+        if m.matches(part, m.SimpleStatementLine(body=[m.Assign(value=_CHANGEABLE)]))
+        for target in findall(part, m.AssignTarget(target=m.Name()))
+        if isinstance(target, cst.AssignTarget) and isinstance(target.target, cst.Name)
+    }
+    for part in parts:
+        for found in nodes(part):
+            if isinstance(found, cst.NamedExpr):
+                return True
+            if not isinstance(found, cst.Call):
+                continue
+            func = found.func
+            if isinstance(func, cst.Name) and func.value == "next":
+                return True
+            if isinstance(func, cst.Attribute) and (
+                func.attr.value in _CHANGES
+                or (func.attr.value.endswith("_") and not func.attr.value.startswith("_"))
+            ):
+                return True
+            if any(
+                isinstance(a.value, cst.Name) and a.value.value in changeable
+                for a in found.args
+            ):
+                return True
+    return False
 
 
 def _bracketed(value: cst.BaseExpression) -> cst.BaseExpression:

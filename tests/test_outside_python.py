@@ -1,0 +1,244 @@
+"""Closures written by an outside tester against Python's constructs in forward and
+backward, and what they found.
+
+Each case converts and matches torch.autograd through the closure's own forward at
+orders 1 to 3, pure and mixed, in float64 (tests/oracle.py), with every input
+requiring grad and with only some of them (a frozen input beside a trained weight:
+then the Function's backward runs only the statements each asked-for gradient
+needs). What they found: backward statements that change state another reads
+(`stack.pop()`, `next(it)`, a helper filling a dict, a walrus) were split per
+gradient, so a gradient not asked for skipped a pop and the next one took the wrong
+element (first order wrong), or a name went unbound; a temporary bound in `try`
+whose `except` binds a number or None was saved as a constant (order 2 wrong);
+`a, b = zip(*rows)` made the op return its result split into rows; a forward local
+named `f_forward`, or a gradient parameter named `f_backward`, shadowed the pair the
+Function calls; a gradient parameter named like an input crashed the VJP of a
+promoted temporary, which read the input's shape through that name.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from oracle import assert_same, derivatives, import_pair, leaves
+
+F64 = torch.float64
+HEAD = "import torch\n\n\n"
+
+
+def _r(*shape, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen, dtype=F64) * 0.5 + 0.1
+
+
+def _check(closures, generated, fn, values, needs=None):
+    """Orders 1-3 of `fn` against the closure's forward; `needs` says which inputs
+    require grad (all by default): the others are passed as plain tensors."""
+    needs = needs or [True] * len(values)
+
+    def call(module, grads):
+        given = iter(grads)
+        args = [next(given) if n else v for n, v in zip(needs, values, strict=True)]
+        out = getattr(module, fn)(*args)
+        if module is closures:
+            return out[:-1] if len(out) > 2 else out[0]
+        return out
+
+    chosen = [v for n, v in zip(needs, values, strict=True) if n]
+    expected = derivatives(lambda *g: call(closures, g), leaves(chosen))
+    assert_same(derivatives(lambda *g: call(generated, g), leaves(chosen)), expected)
+
+
+# -- backward statements that change state another reads ----------------------------
+
+STATEFUL = {
+    "pop": """
+def f(x, w):
+    t = torch.tanh(x * w)
+    def backward(g):
+        gh = g * (1 - t * t)
+        stack = [gh * x, gh * w]
+        gx = stack.pop()
+        gw = stack.pop()
+        return gx, gw
+    return t, backward
+""",
+    "next": """
+def f(x, w):
+    t = torch.tanh(x * w)
+    def backward(g):
+        gh = g * (1 - t * t)
+        it = iter([gh * w, gh * x])
+        gx = next(it)
+        gw = next(it)
+        return gx, gw
+    return t, backward
+""",
+    "helper_fills_dict": """
+def _gx(gh, w, cache):
+    cache["gh"] = gh
+    return gh * w
+
+
+def f(x, w):
+    t = torch.tanh(x * w)
+    def backward(g):
+        gh = g * (1 - t * t)
+        cache = {}
+        gx = _gx(gh, w, cache)
+        gw = cache["gh"] * x
+        return gx, gw
+    return t, backward
+""",
+    "append_in_tuple": """
+def f(x, w):
+    t = torch.tanh(x * w)
+    def backward(g):
+        gh = g * (1 - t * t)
+        log = []
+        gx = (log.append(1), gh * w)[1]
+        gw = gh * x * len(log)
+        return gx, gw
+    return t, backward
+""",
+    "walrus": """
+def f(x, w):
+    def backward(g):
+        return (h := g * 2.0) * w, h * x
+    return x * w * 2.0, backward
+""",
+    "walrus_in_test": """
+def f(x, w):
+    t = torch.sin(x * w)
+    def backward(g):
+        gh = g * torch.cos(x * w)
+        gx = gh * w if (k := 1.5) > 0 else None
+        gw = gh * x * k
+        return gx, gw * (1.0 / 1.5)
+    return t, backward
+""",
+}
+
+
+@pytest.mark.parametrize("needs", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("case", sorted(STATEFUL))
+def test_backward_that_changes_state_is_not_split_per_gradient(tmp_path, case, needs):
+    closures, generated = import_pair(tmp_path, HEAD + STATEFUL[case], f"st_{case}")
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], list(needs))
+
+
+# -- a temporary bound in `try` whose handler binds something else ---------------------
+
+TRY = {
+    "except_none": """
+def f(x, w):
+    try:
+        q = (x * w).sum() + 1.0
+    except Exception:
+        q = None
+    y = x * q
+    def backward(g):
+        return g * q + (g * x).sum() * w, (g * x).sum() * x
+    return y, backward
+""",
+    "except_number": """
+def f(x, w):
+    try:
+        q = (x * w).sum() + 1.0
+    except Exception:
+        q = 1.0
+    y = x * q
+    def backward(g):
+        return g * q + (g * x).sum() * w, (g * x).sum() * x
+    return y, backward
+""",
+    "rebound_in_body": """
+def f(x, w):
+    q = 2.0
+    try:
+        q = torch.exp(x * w)
+        s = q.sum()
+    except Exception:
+        s = 0.0
+    y = q * s
+    def backward(g):
+        ge = g * s * q + (g * q).sum() * q
+        return ge * w, ge * x
+    return y, backward
+""",
+    "else_clause": """
+def f(x, w):
+    try:
+        h = x * w
+    except Exception:
+        q = 1.0
+    else:
+        q = torch.sin(h)
+    y = q * 3.0
+    def backward(g):
+        gh = g * 3.0 * torch.cos(x * w)
+        return gh * w, gh * x
+    return y, backward
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRY))
+def test_a_try_bound_temporary_is_recomputed(tmp_path, case):
+    closures, generated = import_pair(tmp_path, HEAD + TRY[case], f"try_{case}")
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
+
+
+# -- zip(*rows) -------------------------------------------------------------------------
+
+ZIP_ROWS = """
+def f(x, w):
+    a, b = zip(*[(x, w), (x * 2.0, w * 3.0)])
+    y = a[0] * b[1] + a[1] * b[0]
+    def backward(g):
+        return g * (w * 3.0 + 2.0 * w), (g * (x * 3.0 + 2.0 * x))
+    return y, backward
+"""
+
+
+def test_zip_of_starred_rows_gives_a_tensor_result(tmp_path):
+    closures, generated = import_pair(tmp_path, HEAD + ZIP_ROWS, "zip_rows")
+    x, w = _r(3, 4), _r(4, seed=1)
+    assert generated.f(x, w).shape == (3, 4)
+    _check(closures, generated, "f", [x, w])
+
+
+# -- user names that the generated code uses too ------------------------------------------
+
+SHADOWING = {
+    "forward_local": """
+def f(x, w):
+    f_forward = torch.exp(x * w)
+    def backward(g):
+        return g * f_forward * w, g * f_forward * x
+    return f_forward * 1.0, backward
+""",
+    "gradient_named_f_backward": """
+def f(x, w):
+    t = torch.tanh(x * w)
+    def backward(f_backward):
+        d = f_backward * (1 - t * t)
+        return d * w, d * x
+    return t, backward
+""",
+    "gradient_named_like_an_input": """
+def f(x, w):
+    t = torch.tanh(x * w)
+    d = 1 - t * t
+    def backward(x):
+        return x * d * w, x * d * (t.atanh() / w)
+    return t, backward
+""",
+}
+
+
+@pytest.mark.parametrize("needs", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("case", sorted(SHADOWING))
+def test_user_names_the_function_uses_too(tmp_path, case, needs):
+    closures, generated = import_pair(tmp_path, HEAD + SHADOWING[case], f"sh_{case}")
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], list(needs))
