@@ -136,6 +136,11 @@ _FOLDABLE = (
     ast.USub,
     ast.In,
     ast.NotIn,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.Subscript,
 )
 
 
@@ -153,13 +158,19 @@ def _truth(code: str) -> bool | None:
         return None
     if not all(
         isinstance(n, _FOLDABLE) or _type_test_part(n) for n in ast.walk(tree)
-    ) or any(isinstance(n, ast.Call) and not _type_test(n) for n in ast.walk(tree)):
+    ) or any(
+        isinstance(n, ast.Call) and not (_type_test(n) or _length(n))
+        for n in ast.walk(tree)
+    ):
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SyntaxWarning)  # `1 is None` is what we fold
         code_object = compile(tree, "<test>", "eval")
-    namespace = {"__builtins__": {}, "isinstance": isinstance, **_TYPES}
-    return bool(eval(code_object, namespace, {}))  # noqa: S307
+    namespace = {"__builtins__": {}, "isinstance": isinstance, "len": len, **_TYPES}
+    try:
+        return bool(eval(code_object, namespace, {}))  # noqa: S307
+    except (TypeError, IndexError, KeyError):  # `(2, 0)[5]`: left to run time
+        return None
 
 
 #: The builtin types a rule's backward tests a literal argument against
@@ -185,10 +196,22 @@ def _type_test(node: ast.Call) -> bool:
     ) and all(isinstance(n, ast.Name) and n.id in _TYPES for n in names)
 
 
+def _length(node: ast.Call) -> bool:
+    """Whether `node` is `len(literal)` (`len((2, 0, 1))`, a rule's varargs)."""
+    return (
+        isinstance(node.func, ast.Name)
+        and node.func.id == "len"
+        and len(node.args) == 1
+        and not node.keywords
+        and not any(isinstance(n, (ast.Name, ast.Call)) for n in ast.walk(node.args[0]))
+    )
+
+
 def _type_test_part(node: ast.AST) -> bool:
-    """A node a folded `isinstance` test is made of (checked by `_type_test`)."""
+    """A node a folded `isinstance` or `len` call is made of (checked by
+    `_type_test` and `_length`)."""
     return isinstance(node, (ast.Call, ast.Name)) and (
-        not isinstance(node, ast.Name) or node.id in _TYPES or node.id == "isinstance"
+        not isinstance(node, ast.Name) or node.id in (*_TYPES, "isinstance", "len")
     )
 
 

@@ -603,7 +603,7 @@ def cat(tensors: list[torch.Tensor], dim=0):
     and gets an empty gradient."""
     out = torch.cat(tensors, dim)
     def backward(grad):
-        pieces = grad.split([0 if t.shape == (0,) else t.shape[dim] for t in tensors], dim)
+        pieces = torch.split(grad, [0 if t.shape == (0,) else t.shape[dim] for t in tensors], dim)
         return [
             torch.zeros_like(t) if t.shape == (0,) else p
             for p, t in zip(pieces, tensors, strict=True)

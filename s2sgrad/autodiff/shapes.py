@@ -215,8 +215,13 @@ def _call_class(
     func = node.func
     name = qualified.get(func) if dotted(func) else None
     positional = [a.value for a in node.args if a.keyword is None]
+    keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+    if any(a.star for a in node.args):
+        return None
     if name is not None and name.startswith("torch."):
         method, operands = name.rsplit(".", 1)[-1], positional
+        if "input" in keywords:  # `torch.add(input=a, other=x)`
+            operands = [keywords.pop("input"), *operands]
     elif isinstance(func, cst.Attribute):
         receiver = (
             env.get(func.value.value) if isinstance(func.value, cst.Name) else None
@@ -233,13 +238,21 @@ def _call_class(
         return _reduction(node, operands, env, facts, qualified)
     if method in _SHAPE_KEEPING:
         return class_of(operands[0], env, facts, qualified)
-    if method == "masked_fill" and len(operands) >= 2:
+    if method == "masked_fill":
         # The mask may broadcast x (the value is 0-d).
-        return _broadcast(operands[:2], env, facts, qualified)
+        mask = operands[1:2] or [keywords[k] for k in ("mask",) if k in keywords]
+        return _broadcast([operands[0], *mask], env, facts, qualified) if mask else None
     if opfacts.is_pointwise(name):
-        tensors = [a for a in operands if not isinstance(a, (cst.SimpleString,))]
+        # Every operand broadcasts, passed by position or by keyword (`other=x`,
+        # `min=lo`, `exponent=e`); a number or a string (`rounding_mode`) aside.
+        given = [*operands, *(v for k, v in keywords.items() if k not in _OPTIONS)]
+        tensors = [a for a in given if not isinstance(a, cst.SimpleString)]
         return _broadcast(tensors, env, facts, qualified)
     return None
+
+
+#: Keywords of pointwise ops that are options, never a broadcast operand.
+_OPTIONS = frozenset({"out", "dtype", "alpha", "rounding_mode", "approximate"})
 
 
 def _reduction(

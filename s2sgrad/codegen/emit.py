@@ -344,6 +344,9 @@ def backward_def(
     #: An output that may not be a tensor (`n = x.shape[0]`) gets no zeros: its
     #: gradient may stay None.
     maybe = {i for i, value in enumerate(record.outputs) if value.tensor is not True}
+    if len(diff.backward.params.params) == 1:
+        # The Function returns early where its one gradient is None.
+        maybe = set()
     if len(diff.grad_params) < len(record.outputs):
         # The gradients of the floating-point tensors among the outputs, found at run
         # time (zeros where none came): a tensor each.
