@@ -171,3 +171,35 @@ def test_rules_and_unknown_outputs_give_code_mypy_accepts(tmp_path):
         )
         got = derivatives(getattr(generated, name), leaves([_r(3, 4), _r(4, seed=1)]))
         assert_same(got, expected)
+
+
+# -- torch.nn.functional names torch's schemas do not give under their own name ---------
+
+UNNAMED = {
+    # F.logsigmoid is the builtin torch._C._nn.log_sigmoid; the others are Python
+    # functions of one tensor without a return annotation.
+    "logsigmoid": "torch.sigmoid(-u)",
+    "softsign": "1.0 / (1.0 + u.abs()) ** 2",
+    "tanhshrink": "torch.tanh(u) ** 2",
+    "sigmoid": "torch.sigmoid(u) * (1.0 - torch.sigmoid(u))",
+    "tanh": "1.0 - torch.tanh(u) ** 2",
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNNAMED))
+def test_functional_names_without_their_own_schema_convert(tmp_path, name):
+    """Refused before as an output of unknown kind (S2S124 on `h * h`)."""
+    source = f"""import torch
+import torch.nn.functional as F
+
+
+def f(x, w):
+    u = x * w
+    h = F.{name}(u)
+    def backward(g):
+        gu = 2.0 * g * h * ({UNNAMED[name]})
+        return gu * w, gu * x
+    return h * h, backward
+"""
+    closures, generated = import_pair(tmp_path, source, f"fn_{name}")
+    _check(closures, generated, [_r(3, 4), _r(4, seed=1)])

@@ -437,6 +437,28 @@ def _probe_method(name: str, returns_input: set[str]) -> str | None:
     return f"|->{_value_code(value)}"
 
 
+def _probe_function(function: Callable[..., Any]) -> str | None:
+    """`input->returns` of an unannotated Python function of one tensor and nothing
+    else (`F.softsign(input)`), its return found by calling it once: with no other
+    parameter, no flag can change what it returns."""
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if len(params) != 1 or params[0].kind is not params[0].POSITIONAL_OR_KEYWORD:
+        return None
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = function(x)
+    except Exception:
+        return None
+    if not isinstance(value, torch.Tensor) or value is x:
+        return None
+    return f"|{params[0].name}:T->{_value_code(value)}"
+
+
 def _value_code(value: object) -> str:
     """The code of a value a probe returned."""
     if isinstance(value, torch.Tensor):
@@ -508,6 +530,8 @@ def python_table(
             target = aten_prefix + name
             if isinstance(function, types.FunctionType):
                 found = python_signature(function)
+                if found is None and prefix == "torch.nn.functional":
+                    found = _probe_function(function)
                 if found is not None:
                     entries[qualified] = found
                 elif target != name and target in aten:
@@ -516,6 +540,11 @@ def python_table(
             if target in aten:
                 if target != name:
                     entries[qualified] = f"@{target}"
+                continue
+            own = getattr(function, "__name__", "")
+            if own in aten and prefix == "torch.nn.functional":
+                # A builtin of another name: `F.logsigmoid` is `torch._C._nn.log_sigmoid`.
+                entries[qualified] = f"@{own}"
                 continue
             if prefix == "torch.Tensor":
                 probed = _probe_method(name, returns_input)
