@@ -510,6 +510,14 @@ class _Rule:
                 "its gradients' gradients wrongly when one backward gets both: a bug "
                 "in s2sgrad, please report it"
             )
+        elif first.kind == "forward" and self.surrogate:
+            lines.append(
+                "  reverse mode is right at every order; the op's forward mode "
+                "(torch.func.jvp, jacfwd, hessian) disagrees with it. For a surrogate, "
+                "forward mode is the transpose of your backward, which is a derivative "
+                "only where backward is linear in its incoming gradient: is it (a "
+                "clamp or a norm of the gradient is not)?"
+            )
         elif first.kind == "forward":
             lines.append(
                 "  reverse mode is right at every order; the op's forward mode "

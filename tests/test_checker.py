@@ -178,6 +178,14 @@ def test_a_surrogate_that_reads_its_own_outputs_is_right():
     assert "against the derivative your backward defines" in done
 
 
+def test_a_surrogate_not_linear_in_its_gradient_is_named_as_the_cause():
+    """Forward mode is the transpose of backward: a clipped gradient has none that
+    agrees, and the report says why rather than blaming the op alone."""
+    report = report_of(rules.clip_gradient, r(4, 5))
+    assert "forward mode" in report
+    assert "linear in its incoming gradient" in report
+
+
 class SpikeDetached(torch.autograd.Function):
     """An op for `rules.spike` that is right once: it keeps the sigmoid outside
     autograd, so that its backward's own derivative is 0."""
