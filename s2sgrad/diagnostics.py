@@ -41,7 +41,7 @@ CODES: dict[str, str] = {
     "S2S123": "in-place change of a differentiable tensor that cannot be rewritten",
     "S2S124": "an output of unknown kind",
     "S2S125": "an unannotated parameter that takes a gradient used as a sequence",
-    "S2S126": "forward reads autograd's state",
+    "S2S126": "forward reads or sets autograd's state",
     "S2S127": "a differentiator with flat outputs called by another",
     "S2S128": "backward reads an output that torch does not differentiate",
     "S2S129": "forward binds values where reverse mode does not follow",

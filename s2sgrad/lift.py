@@ -484,6 +484,39 @@ def check_autograd_state(
     params = {p.name for p in diff.params} - rebound_names(diff)
     found = []
     for statement in diff.statements:
+        managers = {
+            id(item.item)
+            for block in findall(statement, m.With())
+            if isinstance(block, cst.With)
+            for item in block.items
+        }
+        sets = [
+            node
+            for node in findall(statement, m.Call())
+            if isinstance(node, cst.Call)
+            and id(node) not in managers
+            and dotted(node.func)
+            and diff.qualified_names.get(node.func) in opfacts.GRAD_MODE_SETTERS
+        ]
+        for setter in sets[:1]:
+            line, text = _source_line(diff, statement, lines)
+            shown = code(setter)
+            found.append(
+                _located(
+                    "S2S126",
+                    f"forward sets grad mode with a call (`{shown}`): the generated "
+                    "forward runs with grad mode off, and reverse mode would take "
+                    "the values made while it was off for differentiable ones",
+                    path,
+                    line,
+                    text,
+                    shown,
+                    "write those statements in a `with torch.no_grad():` block (or "
+                    "`with torch.set_grad_enabled(False):`), which s2sgrad follows",
+                )
+            )
+        if sets:
+            continue
         hits = [
             node
             for node in findall(statement, m.Call() | m.Attribute())

@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 #: The formats of generated code this runtime serves (s2sgrad/header.py writes them).
-FORMATS = range(9, 21)
+FORMATS = range(9, 22)
 
 Context = tuple[Any, ...]  # what f_forward hands to f_backward
 Grad = Tensor | None  # None stands for a gradient of zeros
@@ -574,6 +574,13 @@ class _FirstOrder:
             if _base_apply is not None and _transforms_active():
                 return found  # nesting them is refused where the op runs: _apply
             tracked = [t for t in tensors if t.requires_grad]  # the edges back
+            # A saved view of an input comes back without history of its own: its
+            # base is the edge back to the inputs.
+            tracked += [
+                t._base
+                for t in tracked
+                if t.grad_fn is None and t._base is not None and t._base.requires_grad
+            ]
             if not tracked:
                 if any(ctx.needs_input_grad):
                     # `create_graph=True`, and nothing this backward reads leads back

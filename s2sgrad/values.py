@@ -846,6 +846,10 @@ class Evaluator:
         if name in ("min", "max", "sum", "abs", "round", "pow"):
             if all(a.kinds <= {NUMBER} for a in args):
                 return SCALAR
+            if name == "pow" and len(args) == 2:
+                # `pow(u, 2)` is `u ** 2`: a tensor where either operand is one.
+                base, exponent = node.args[0].value, node.args[1].value
+                return self.expr(cst.BinaryOperation(base, cst.Power(), exponent))
             if name in ("abs", "round"):
                 return first  # `abs(t)`, `round(t)`: a tensor for a tensor
             if name == "sum":

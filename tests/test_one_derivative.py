@@ -247,6 +247,36 @@ def test_first_order_refuses_where_nothing_backward_reads_requires_grad(
     torch.testing.assert_close(g, torch.softmax(x, -1).detach())
 
 
+VIEW_OF_INPUT = """import torch
+
+
+def f(x, w):
+    v = x.view(12)
+    def backward(g):
+        u = v.view(3, 4)
+        return 2.0 * g * u * w * w, 2.0 * g * u * u * w
+    return (x * w) ** 2, backward
+"""
+
+
+@pytest.mark.parametrize("leaf", [True, False], ids=["leaf", "non-leaf"])
+def test_first_order_refuses_where_backward_reads_a_view_of_an_input(tmp_path, leaf):
+    """An outside probe: backward reads `v`, a view of x, saved; only x requires grad.
+    The saved view came back without history of its own, so the refusal hung on it
+    had no path to x, and a second derivative was silently None (zeros)."""
+    from oracle import import_pair
+
+    _, generated = import_pair(tmp_path, VIEW_OF_INPUT, "view_fo", policy="first-order")
+    x0, w = _inputs()
+    x = x0.clone().requires_grad_()
+    used = x if leaf else x * 1.0
+    (g,) = torch.autograd.grad(generated.f(used, w).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="`f` was converted with policy=first-order"):
+        torch.autograd.grad((g**2).sum(), x, allow_unused=True)
+    (g,) = torch.autograd.grad(generated.f(x, w).sum(), x)  # first order still works
+    _close(g, 2.0 * x0 * w * w, "first order")
+
+
 def test_first_order_policy_answers_first_derivatives(first_order):
     x, w = _inputs()
     op = first_order["softplus_squared"]

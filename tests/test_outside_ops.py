@@ -203,3 +203,51 @@ def f(x, w):
 """
     closures, generated = import_pair(tmp_path, source, f"fn_{name}")
     _check(closures, generated, [_r(3, 4), _r(4, seed=1)])
+
+
+# -- the same op under another spelling -------------------------------------------------
+
+BARE_VAR = """import torch
+from torch import var
+
+
+def f(x, w):
+    u = x * w
+    v = var(u, 1, True, False)
+    k = u.detach()
+    m = k.sum(1, keepdim=True)
+    e = torch.exp(k * v)
+    def backward(g):
+        gv = (g * e * m * k).sum(0)
+        uu = x * w
+        gu = gv[:, None] * 2.0 * (uu - uu.mean(1, keepdim=True)) / 3
+        return gu * w, gu * x
+    return e * m, backward
+"""
+
+
+def test_var_imported_by_name_keeps_its_positional_keepdim(tmp_path):
+    """`var(u, 1, True, False)`: its third argument is `unbiased`, not `keepdim`, as
+    for `torch.var`; the bare name was read with sum's positions, so `v` took `m`'s
+    shape (order 2 wrong, order 3 a crash)."""
+    closures, generated = import_pair(tmp_path, BARE_VAR, "bare_var")
+    _check(closures, generated, [_r(4, 4), _r(4, seed=1)])
+
+
+BUILTIN_POW = """import torch
+
+
+def f(x, w):
+    u = x * w
+    h = pow(u, 2)
+    def backward(g):
+        gu = 4.0 * g * h * u
+        return gu * w, gu * x
+    return h * h, backward
+"""
+
+
+def test_builtin_pow_of_a_tensor_is_a_tensor(tmp_path):
+    """Refused before: the output `h * h` was of unknown kind (S2S124)."""
+    closures, generated = import_pair(tmp_path, BUILTIN_POW, "builtin_pow")
+    _check(closures, generated, [_r(3, 4), _r(4, seed=1)])

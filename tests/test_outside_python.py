@@ -242,3 +242,129 @@ def f(x, w):
 def test_user_names_the_function_uses_too(tmp_path, case, needs):
     closures, generated = import_pair(tmp_path, HEAD + SHADOWING[case], f"sh_{case}")
     _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], list(needs))
+
+
+# -- composition through a captured backward, with a list or an Optional argument -------
+
+COMPOSED = {
+    "list_argument": """
+from typing import List
+
+
+def inner(xs: List[torch.Tensor], w):
+    t = torch.stack(xs, 0) * w
+    def backward(g):
+        return list((g * w).unbind(0)), g * torch.stack(xs, 0)
+    return t, backward
+
+
+def f(xs: List[torch.Tensor], w):
+    y, back = inner(xs, w)
+    def backward(g):
+        return back(g * y)
+    return 0.5 * y * y, backward
+""",
+    "optional_left_none": """
+from typing import Optional
+
+
+def inner(x, w, bias: Optional[torch.Tensor] = None):
+    h = x * w
+    if bias is not None:
+        h = h + bias
+    t = torch.tanh(h)
+    def backward(g):
+        gh = g * (1 - t * t)
+        return gh * w, gh * x, (gh if bias is not None else None)
+    return t, backward
+
+
+def f(x, w, bias: Optional[torch.Tensor] = None):
+    y, back = inner(x, w, bias)
+    def backward(g):
+        return back(g * y)
+    return 0.5 * y * y, backward
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMPOSED))
+def test_composition_with_an_argument_that_is_not_one_tensor(tmp_path, case):
+    """The sibling's gradient for a list, or for an Optional left None, was summed to
+    `xs.shape` / `bias.shape`: a crash on every call, or from order 2."""
+    closures, generated = import_pair(tmp_path, HEAD + COMPOSED[case], f"co_{case}")
+    x, w = _r(3, 4), _r(4, seed=1)
+    if case == "list_argument":
+
+        def ref(a, b, c):
+            return closures.f([a, b], c)[0]
+
+        def got(a, b, c):
+            return generated.f([a, b], c)
+
+        values = [_r(4, seed=2), _r(4, seed=3), w]
+    else:
+
+        def ref(a, b):
+            return closures.f(a, b)[0]
+
+        def got(a, b):
+            return generated.f(a, b)
+
+        values = [x, w]
+    assert_same(derivatives(got, leaves(values)), derivatives(ref, leaves(values)))
+    if case == "optional_left_none":
+        bias = _r(4, seed=4)
+        expected = derivatives(lambda *t: closures.f(*t)[0], leaves([x, w, bias]))
+        assert_same(derivatives(generated.f, leaves([x, w, bias])), expected)
+
+
+# -- grad mode switched by a call, not a `with` block -------------------------------------
+
+GRAD_MODE_CALLS = [
+    "torch.set_grad_enabled(False)",
+    "torch.set_grad_enabled(mode=False)",
+    "torch.autograd.set_grad_enabled(False)",
+    "torch._C._set_grad_enabled(False)",
+]
+
+
+@pytest.mark.parametrize("call", GRAD_MODE_CALLS)
+def test_grad_mode_set_by_a_call_is_refused(call):
+    """The closure's autograd took `c` for a constant; reverse mode took it for a
+    differentiable temporary, and orders 2-3 were silently wrong."""
+    from s2sgrad import transform
+    from s2sgrad.diagnostics import TransformError
+
+    source = HEAD + f"""
+def f(x, w):
+    u = x * w
+    {call}
+    c = u * 2.0
+    torch.set_grad_enabled(True)
+    h = torch.exp(u) * c
+    def backward(g):
+        gu = 2.0 * g * h * h
+        return gu * w, gu * x
+    return h * h, backward
+"""
+    with pytest.raises(TransformError) as caught:
+        transform(source, "m.py", "m")
+    first = caught.value.diagnostics[0]
+    assert (first.code, first.line, first.column) == ("S2S126", 7, 5)
+
+
+def test_grad_mode_in_a_with_block_is_followed(tmp_path):
+    source = HEAD + """
+def f(x, w):
+    u = x * w
+    with torch.set_grad_enabled(False):
+        c = u * 2.0
+    h = torch.exp(u) * c
+    def backward(g):
+        gu = 2.0 * g * h * h
+        return gu * w, (gu * x).sum(0)
+    return h * h, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "grad_mode_with")
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])

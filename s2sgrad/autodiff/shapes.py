@@ -235,7 +235,7 @@ def _call_class(
     if not operands:
         return None
     if method in _REDUCTIONS:
-        return _reduction(node, operands, env, facts, qualified)
+        return _reduction(node, method, operands, env, facts, qualified)
     if method in _SHAPE_KEEPING:
         return class_of(operands[0], env, facts, qualified)
     if method == "masked_fill":
@@ -257,6 +257,7 @@ _OPTIONS = frozenset({"out", "dtype", "alpha", "rounding_mode", "approximate"})
 
 def _reduction(
     node: cst.Call,
+    method: str,
     operands: list[cst.BaseExpression],
     env: Mapping[str, Version],
     facts: ShapeFacts,
@@ -264,8 +265,8 @@ def _reduction(
 ) -> int | None:
     """`x.mean(-1, keepdim=True)`: a class that broadcasts into x's, shared by the
     reductions of x over the same literal dims (over dims known only at run time, a
-    class of its own)."""
-    method = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
+    class of its own). `method` is the op's own name however it was spelled
+    (`torch.var`, `u.var`, or `var` imported from torch): where its `keepdim` sits."""
     dim_at, keep_at = _POSITIONS.get(method, (1, 2))
     keyword = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
     keep = keyword.get("keepdim")

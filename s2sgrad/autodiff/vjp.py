@@ -612,9 +612,13 @@ class Generator:
     ) -> cst.BaseExpression:
         """What backward reads `arg`'s shape off: its version, or the sub-expression
         named in forward for its shape."""
-        if self.value(arg, env).kinds & {NUMBER, OTHER}:
+        kinds = self.value(arg, env).kinds
+        if kinds - {TENSOR}:
+            # A number, a list, or an Optional left None: what the sibling's
+            # backward gives it is not one tensor to sum to a shape.
             shown = cst.Module([]).code_for_node(arg)
-            raise NoRule(line, f"`{shown}` may be a tensor or a number")
+            what = "a number" if kinds & {NUMBER, OTHER} else "a list or None"
+            raise NoRule(line, f"`{shown}` may be {what}, not a tensor")
         if isinstance(arg, cst.Name) and arg.value in env:
             return placeholder(env[arg.value])
         self.hoist(arg, env, metadata=True)

@@ -70,6 +70,18 @@ OPERATORS = {
 GRAD_MODE_QUERIES = frozenset(
     {"torch.is_grad_enabled", "torch.is_inference_mode_enabled"}
 )
+#: Calls that switch grad mode where they are not a `with` block's manager.
+GRAD_MODE_SETTERS = frozenset(
+    {
+        "torch.set_grad_enabled",
+        "torch.autograd.set_grad_enabled",
+        "torch.autograd.grad_mode.set_grad_enabled",
+        "torch._C._set_grad_enabled",
+        "torch.inference_mode",
+        "torch.autograd.grad_mode.inference_mode",
+        "torch._C._set_inference_mode",
+    }
+)
 
 
 @dataclass(frozen=True)
