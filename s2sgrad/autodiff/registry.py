@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import importlib.resources
 import importlib.util
 import os
 import pickle
@@ -214,8 +215,12 @@ def builtin_registry() -> Registry:
     Built rules are kept beside rules.py's bytecode (see `_RuleCache`): a process that
     finds them there reads them in milliseconds instead of parsing every rule it uses.
     """
-    source = RULES_PATH.read_text("utf-8")
-    cache = _RuleCache.of(source)
+    source = (
+        importlib.resources.files("s2sgrad.autodiff")
+        .joinpath("rules.py")
+        .read_text("utf-8")
+    )
+    cache = _RuleCache.of(source) if RULES_PATH.is_file() else None  # not in a zip
     rules = cache.read() if cache is not None else None
     if rules is None:
         rules = _LazyRules.of(cst.parse_module(source))
