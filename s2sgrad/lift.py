@@ -473,7 +473,8 @@ _HISTORY_ATTRIBUTES = frozenset({"requires_grad", "grad_fn", "is_leaf"})
 def check_autograd_state(
     diff: Differentiator, path: str, lines: Sequence[str]
 ) -> list[Diagnostic]:
-    """Reject forward statements that read autograd's state (S2S126).
+    """Reject forward statements that read autograd's state, or set grad mode with a
+    call rather than a `with` block (S2S126).
 
     Inside the generated Function's forward grad mode is off and the values forward
     computes have no history, where the closure ran with both: `torch.is_grad_enabled()`
@@ -490,56 +491,52 @@ def check_autograd_state(
             if isinstance(block, cst.With)
             for item in block.items
         }
-        sets = [
-            node
-            for node in findall(statement, m.Call())
-            if isinstance(node, cst.Call)
-            and id(node) not in managers
-            and dotted(node.func)
-            and diff.qualified_names.get(node.func) in opfacts.GRAD_MODE_SETTERS
-        ]
-        for setter in sets[:1]:
-            line, text = _source_line(diff, statement, lines)
+        setter = next(
+            (
+                node
+                for node in findall(statement, m.Call())
+                if isinstance(node, cst.Call)
+                and id(node) not in managers
+                and dotted(node.func)
+                and diff.qualified_names.get(node.func) in opfacts.GRAD_MODE_SETTERS
+            ),
+            None,
+        )
+        reader = next(
+            (
+                node
+                for node in findall(statement, m.Call() | m.Attribute())
+                if _reads_autograd_state(node, params, diff.qualified_names)
+            ),
+            None,
+        )
+        if setter is not None:
             shown = code(setter)
-            found.append(
-                _located(
-                    "S2S126",
-                    f"forward sets grad mode with a call (`{shown}`): the generated "
-                    "forward runs with grad mode off, and reverse mode would take "
-                    "the values made while it was off for differentiable ones",
-                    path,
-                    line,
-                    text,
-                    shown,
-                    "write those statements in a `with torch.no_grad():` block (or "
-                    "`with torch.set_grad_enabled(False):`), which s2sgrad follows",
-                )
+            message = (
+                f"forward sets grad mode with a call (`{shown}`): the generated "
+                "forward runs with grad mode off, and reverse mode would take the "
+                "values made while it was off for differentiable ones"
             )
-        if sets:
+            hint = (
+                "write those statements in a `with torch.no_grad():` block (or "
+                "`with torch.set_grad_enabled(False):`), which s2sgrad follows"
+            )
+        elif reader is not None:
+            shown = code(reader)
+            message = (
+                f"forward reads autograd's state (`{shown}`), which the generated "
+                "forward does not share: it runs with grad mode off and its values "
+                "carry no history"
+            )
+            hint = (
+                "read `.requires_grad` of the parameters it depends on instead "
+                "(`x.requires_grad`): the generated forward sees those as the "
+                "closure does"
+            )
+        else:
             continue
-        hits = [
-            node
-            for node in findall(statement, m.Call() | m.Attribute())
-            if _reads_autograd_state(node, params, diff.qualified_names)
-        ]
-        for node in hits[:1]:
-            line, text = _source_line(diff, statement, lines)
-            shown = code(node)
-            found.append(
-                _located(
-                    "S2S126",
-                    f"forward reads autograd's state (`{shown}`), which the generated "
-                    "forward does not share: it runs with grad mode off and its values "
-                    "carry no history",
-                    path,
-                    line,
-                    text,
-                    shown,
-                    "read `.requires_grad` of the parameters it depends on instead "
-                    "(`x.requires_grad`): the generated forward sees those as the "
-                    "closure does",
-                )
-            )
+        line, text = _source_line(diff, statement, lines)
+        found.append(_located("S2S126", message, path, line, text, shown, hint))
     return found
 
 
