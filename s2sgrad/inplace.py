@@ -95,6 +95,9 @@ def out_of_place(
             )
             problems.append(_reject(write, why, path, lines))
             continue
+        if write.kind == "helper" and value is not None and value.kinds & {SEQ, OTHER}:
+            problems.append(_reject_filled(write, path, lines))
+            continue
         if value is None or TENSOR not in value.kinds or not value.diff:
             continue  # carries no gradient: forward builds it, backward reads it
         shared = sharing.at.get(id(write.node))
@@ -829,6 +832,25 @@ def _reject(write: InPlace, why: str, path: str, lines: Sequence[str]) -> Diagno
         write.column,
         line_text(lines, write.line),
         _hint(write),
+    )
+
+
+def _reject_filled(write: InPlace, path: str, lines: Sequence[str]) -> Diagnostic:
+    """A helper that changes a list or dict forward built (`_push(acc, t)`): reverse
+    mode and recomputation follow forward's own statements, not what a helper puts
+    into a container it is given (the recomputation dropped the call: order 1 wrong)."""
+    return Diagnostic(
+        "S2S129",
+        f"forward hands `{write.name}` to the helper `{write.code}`, which changes it "
+        "in place: reverse mode and recomputation do not follow what a helper puts "
+        "into a list or dict it is given",
+        path,
+        write.line,
+        write.column,
+        line_text(lines, write.line),
+        f"have `{write.code}` return the new value and bind it "
+        f"(`{write.name} = {write.code}(...)`, building a new list or dict), or do "
+        "the change in forward itself",
     )
 
 

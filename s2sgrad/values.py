@@ -902,6 +902,9 @@ class Evaluator:
                 signatures = (if_true, if_false)
         else:
             signatures = opfacts.signatures(qualified)
+        if qualified == "torch.Tensor.type" and node.args:
+            # `u.type(torch.float64)` casts, as `.to` does; only `u.type()` names it.
+            return Value(frozenset({TENSOR}), diff)
         if not signatures:
             return top(diff)
         bound = self._signature_args(node, args, receiver)
@@ -942,6 +945,11 @@ class Evaluator:
                 out = out.join(receiver)
             elif name in ("pop", "get"):
                 out = out.join(receiver.element().join(NONE_VALUE))
+            elif name == "setdefault":  # the value kept under the key: old or new
+                added = args[1] if len(args) > 1 else NONE_VALUE
+                out = out.join(receiver.element().join(added))
+            elif name == "popitem":
+                out = out.join(tuple_of([top(diff), receiver.element()]))
             elif name in ("index", "count"):
                 out = out.join(SCALAR)
             elif name in ("keys", "values", "items"):

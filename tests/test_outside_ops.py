@@ -251,3 +251,41 @@ def test_builtin_pow_of_a_tensor_is_a_tensor(tmp_path):
     """Refused before: the output `h * h` was of unknown kind (S2S124)."""
     closures, generated = import_pair(tmp_path, BUILTIN_POW, "builtin_pow")
     _check(closures, generated, [_r(3, 4), _r(4, seed=1)])
+
+
+SPREAD_AND_CAST = {
+    # u.type(dtype) casts as .to does; the table gave the no-argument form's str.
+    "type_cast": ("t = (x * w).type(torch.float64)", "t"),
+    "stack_spread": ("t = torch.stack([*(x * w)])", "t"),
+    "cat_spread": ("t = torch.cat([*(x * w).split(2, dim=1)], dim=1)", "t"),
+    "stack_spread_unbind": ("t = torch.stack([*(x * w).unbind(-1)], -1)", "t"),
+    "stack_repeated_list": ("t = x * torch.stack([w] * 4)", "t"),
+    "cat_repeated_tuple": ("t = x * torch.cat((w[None],) * 4, 0)", "t"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPREAD_AND_CAST))
+def test_spread_repeated_and_cast_operands(tmp_path, case):
+    """`[*u]` in stack/cat was bound as one operand (wrong order 2, crashes, an
+    internal error); `[w] * 4` went through tensor multiplication (a crash);
+    `u.type(torch.float64)` cut the gradient (wrong order 2)."""
+    line, _ = SPREAD_AND_CAST[case]
+    source = f"""import torch
+
+
+def f(x, w):
+    {line}
+    s = torch.exp(t)
+    def backward(g):
+        gt = 2.0 * g * s
+        return {_grads(case)}
+    return 2.0 * s, backward
+"""
+    closures, generated = import_pair(tmp_path, source, f"sp_{case}")
+    _check(closures, generated, [_r(4, 4), _r(4, seed=1)])
+
+
+def _grads(case: str) -> str:
+    if case in ("stack_repeated_list", "cat_repeated_tuple"):
+        return "gt * w, (gt * x).sum(0)"
+    return "gt * w, gt * x"

@@ -368,3 +368,144 @@ def f(x, w):
 """
     closures, generated = import_pair(tmp_path, source, "grad_mode_with")
     _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
+
+
+# -- the flow of values through forward (a probe of helpers, branches, containers) -----
+
+FLOW = {
+    "both_branches_bind_a_read_temporary": """
+def f(x, w, fast: bool = False):
+    if fast:
+        t = torch.tanh(x * w)
+        d = 1 - t * t
+    else:
+        t = torch.tanh(x * w)
+        d = 1 - t ** 2
+    def backward(g):
+        gh = g * d
+        return gh * w, gh * x, None
+    return t * 1.0, backward
+""",
+    "elif_chain": """
+def f(x, w, mode: int = 2):
+    if mode == 1:
+        h = torch.exp(x * w)
+        d = h
+    elif mode == 2:
+        h = torch.exp(x * w)
+        d = h * 1.0
+    else:
+        h = torch.exp(x * w)
+        d = h + 0.0
+    def backward(g):
+        return g * d * w, g * d * x, None
+    return h * 1.0, backward
+""",
+    "dict_item_store": """
+def f(x, w):
+    cache = {}
+    cache["t"] = torch.tanh(x * w)
+    t = cache["t"]
+    def backward(g):
+        gh = g * (1 - t * t)
+        return gh * w, gh * x
+    return t * 1.0, backward
+""",
+    "setdefault": """
+def f(x, w):
+    d = {}
+    k = d.setdefault("k", x * 2.0)
+    h = torch.exp(x * w) * k
+    def backward(g):
+        e = torch.exp(x * w)
+        return g * (e * w * k + e * 2.0), g * h * x
+    return h * 1.0, backward
+""",
+}
+
+
+@pytest.mark.parametrize("needs", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("case", sorted(FLOW))
+def test_values_through_branches_and_containers(tmp_path, case, needs):
+    """A temporary bound on both sides of an `if` and read by the VJP got the
+    gradient a higher order sends on the first side only (order 3 zero on the
+    others); a dict item store, and `setdefault`'s result, were read as constants
+    (order 2 wrong)."""
+    closures, generated = import_pair(tmp_path, HEAD + FLOW[case], f"fl_{case}")
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], list(needs))
+
+
+FILLED_BY_A_HELPER = {
+    "appends": """
+def _push(lst, a):
+    lst.append(torch.exp(a))
+
+
+def f(x, w):
+    acc = [x]
+    _push(acc, x * w)
+    e = acc[-1]
+    def backward(g):
+        return g * e * w, g * e * x
+    return e * 1.0, backward
+""",
+    "appends_and_returns": """
+def _push(lst, a):
+    lst.append(a * 2.0)
+    return torch.exp(a)
+
+
+def f(x, w):
+    acc = []
+    e = _push(acc, x * w)
+    k = acc[0]
+    def backward(g):
+        return g * e * w * k, g * e * x * k
+    return e * k, backward
+""",
+    "stores_into_a_dict": """
+def _fill(d, a):
+    d["e"] = torch.exp(a)
+    return d["e"] * 2.0
+
+
+def f(x, w):
+    d = {}
+    y = _fill(d, x * w)
+    def backward(g):
+        return g * 2.0 * d["e"] * w, g * 2.0 * d["e"] * x
+    return y, backward
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(FILLED_BY_A_HELPER))
+def test_a_helper_filling_a_container_forward_made_is_refused(case):
+    """The recomputation dropped `_push(acc, ...)` (order 1 wrong), or the filled
+    dict was saved as a constant (order 2 wrong): S2S129, at the argument."""
+    from s2sgrad import transform
+    from s2sgrad.diagnostics import TransformError
+
+    with pytest.raises(TransformError) as caught:
+        transform(HEAD + FILLED_BY_A_HELPER[case], "m.py", "m")
+    first = caught.value.diagnostics[0]
+    assert first.code == "S2S129"
+    assert "helper" in first.message
+
+
+def test_a_forward_local_named_like_a_runtime_helper_is_refused():
+    """`_accumulate = torch.exp(...)` hid the runtime's `_accumulate` in the
+    generated backward: every call crashed."""
+    from s2sgrad import transform
+    from s2sgrad.diagnostics import TransformError
+
+    source = HEAD + """
+def f(x, w):
+    _accumulate = torch.exp(x * w)
+    def backward(g):
+        return g * _accumulate * w, g * _accumulate * x
+    return _accumulate * 1.0, backward
+"""
+    with pytest.raises(TransformError) as caught:
+        transform(source, "m.py", "m")
+    assert caught.value.diagnostics[0].code == "S2S114"

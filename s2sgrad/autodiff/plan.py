@@ -272,6 +272,47 @@ class Planner:
     def _attempt(
         self, temps: Sequence[Saved], names: NameAllocator, results: list[str]
     ) -> _Attempt:
+        """Differentiate `temps`; where the VJP code reads a version a branch made of
+        a name (`t` bound on both sides of an `if`), the name's merged version is
+        differentiated too, so that the gradient a higher order sends for what the
+        name holds reaches whichever side ran (it reached the first side only)."""
+        merged: list[Version] = []
+        while True:
+            trial = names.child()
+            attempt = self._attempt_once(temps, merged, trial, results)
+            more = self._merges_read(attempt) - {v.id for v in merged}
+            if not more:
+                names.taken = trial.taken
+                return attempt
+            merged += [self.by_id[i] for i in sorted(more)]
+
+    def _merges_read(self, attempt: _Attempt) -> set[int]:
+        """The final merged versions one of whose sides the VJP code reads."""
+        found = set()
+        for version_id, metadata in self._reads(attempt) if attempt.blocks else ():
+            owner = self._owner(self.by_id[version_id])
+            if metadata is None and owner.id != version_id and owner.value.diff:
+                if owner.id not in attempt.generator.accumulators:
+                    found.add(owner.id)
+        return found
+
+    def _owner(self, version: Version) -> Version:
+        """The version a name holds when forward ends, where `version` is one side
+        of it (made in a branch); else `version` itself."""
+        final = self.program.final.get(version.name)
+        if final is None or final.id == version.id:
+            return version
+        if version.id in self.program._sides_of([final.id]):
+            return final
+        return version
+
+    def _attempt_once(
+        self,
+        temps: Sequence[Saved],
+        merged: Sequence[Version],
+        names: NameAllocator,
+        results: list[str],
+    ) -> _Attempt:
         accumulators = {
             self.program.params[p.name].id: results[i]
             for i, p in enumerate(self.diff.params)
@@ -281,6 +322,9 @@ class Planner:
             accumulators[self.program.final[temp.source].id] = names.fresh(
                 f"grad_{temp.name}"
             )
+        for version in merged:
+            if version.id not in accumulators:
+                accumulators[version.id] = names.fresh(f"grad_{version.name}")
         generator = Generator(
             self.diff,
             self.program,
@@ -296,7 +340,8 @@ class Planner:
         if not temps:
             return _Attempt(generator, set(), [])
         needed = slice_of(
-            self.program, {self.program.final[t.source].id for t in temps}
+            self.program,
+            {self.program.final[t.source].id for t in temps} | {v.id for v in merged},
         )
         blocks = generator.run(needed)
         for version in generator.extra + generator.condition_versions:
@@ -364,9 +409,11 @@ class Planner:
         ]
         incoming_list: list[tuple[str, str]] = []
         for saved in (s for s in entries if s.promoted):
-            accumulator = attempt.generator.accumulator(
-                self.by_id[ctx.versions[saved.name]]
-            )
+            version = self.by_id[ctx.versions[saved.name]]
+            owner = self._owner(version)
+            if owner.id in attempt.generator.accumulators:
+                version = owner  # the VJP reads one side; the entry holds the merge
+            accumulator = attempt.generator.accumulator(version)
             if accumulator in results:
                 # A promoted snapshot of a parameter (`a_0 = a` before `a = a * 2`): its
                 # gradient is the parameter's, so it is added to the result, under its

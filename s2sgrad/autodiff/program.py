@@ -371,12 +371,23 @@ class _Builder:
             self.facts,
         )
         evaluator.bind(target, evaluator.expr(value), value)
+        # `cache["t"] = v` changes `cache`: a new version, which reverse mode does not
+        # follow (a later `t = cache["t"]` read the dict as it was, without `v`).
+        base = target
+        while isinstance(base, (cst.Subscript, cst.Attribute)):
+            base = base.value
+        stored = {base.value} & set(before) if isinstance(base, cst.Name) else set()
         created = [
             self.new(n, evaluator.env.get(n, unknown(True)), top, in_branch)
-            for n in sorted(bound_target(target))
+            for n in sorted(bound_target(target) | stored)
         ]
         env.update({v.name: v for v in created})
-        return [Opaque(created, line, "unpacking a value that is not a tuple literal")]
+        what = (
+            "an item or attribute store"
+            if stored
+            else "unpacking a value that is not a tuple literal"
+        )
+        return [Opaque(created, line, what)]
 
 
 def first_of(call: cst.BaseExpression) -> cst.Subscript:

@@ -458,6 +458,9 @@ class Generator:
             cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(name)], entry)])
         )
         if isinstance(arg, (cst.List, cst.Tuple)):
+            if any(isinstance(e, cst.StarredElement) for e in arg.elements):
+                # `torch.stack([*u])`: how many pieces `*u` gives is not written.
+                raise NoRule(line, f"`{_code(arg)}` spreads a sequence with `*`")
             for j, element in enumerate(arg.elements):
                 item = cst.Subscript(
                     name, [cst.SubscriptElement(cst.Index(cst.Integer(str(j))))]
@@ -631,6 +634,11 @@ class Generator:
         self, node: cst.BaseExpression, env: Mapping[str, Version], line: int
     ) -> tuple[Rule, dict[str, cst.BaseExpression]]:
         """Find the rule for `node` and bind its operands to the rule's parameters."""
+        if isinstance(node, cst.BinaryOperation) and any(
+            self.value(side, env).kinds & {SEQ} for side in (node.left, node.right)
+        ):
+            # `[w] * 2`, `xs + ys`: repeating or joining lists, not tensor arithmetic.
+            raise NoRule(line, f"`{_code(node)}` is arithmetic on a list or tuple")
         if isinstance(node, cst.BinaryOperation):
             key = _OPERATORS.get(type(node.operator))
             positional = [node.left, node.right]

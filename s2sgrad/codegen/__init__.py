@@ -424,7 +424,7 @@ def collisions(
                 )
     for diff in sources:
         own = (
-            bound(diff.forward)
+            bound(diff.forward.body)  # forward's own locals (`_accumulate = ...`)
             | set(diff.backward_locals)
             | {p.name for p in diff.params}
         )

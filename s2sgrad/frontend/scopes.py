@@ -133,7 +133,7 @@ class ScopeAnalysis:
                     frozenset(
                         renamed.get(hit.name, hit.name)
                         for hit in finder.hits
-                        if hit.kind not in ("container", "del")
+                        if hit.kind != "del"
                     )
                     & names
                 )
