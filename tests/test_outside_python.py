@@ -509,3 +509,49 @@ def f(x, w):
     with pytest.raises(TransformError) as caught:
         transform(source, "m.py", "m")
     assert caught.value.diagnostics[0].code == "S2S114"
+
+
+LOOP_RECOMPUTED = {
+    "alone": """
+def f(x, w):
+    for i in range(2):
+        c = torch.cos(x * w * (i + 1))
+    def backward(g):
+        gh = g * c * 2
+        return gh * w, gh * x
+    return torch.sin(x * w * 2), backward
+""",
+    "filling_a_list_read_after": """
+def f(x, w):
+    acc = []
+    for i in range(2):
+        c = torch.cos(x * w * (i + 1))
+        acc.append(c)
+    def backward(g):
+        gh = g * acc[-1] * 2 + g * 2 * torch.cos(x * w * 2) * 0.0
+        return gh * w, gh * x
+    return torch.sin(x * w * 2) + acc[0] * 0.0, backward
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOOP_RECOMPUTED))
+def test_a_loop_backward_recomputes_is_not_left_dead_in_forward(tmp_path, case):
+    """A loop whose temporary backward recomputes stayed in forward with nothing
+    reading what it bound (ruff F841); one whose list forward still reads stays."""
+    import subprocess
+    import sys
+
+    closures, generated = import_pair(tmp_path, HEAD + LOOP_RECOMPUTED[case], f"lp_{case}")
+    path = tmp_path / f"lp_{case}_grad.py"
+    text = path.read_text()
+    forward = text[text.index("def f_forward") : text.index("def f_recompute")]
+    assert ("for i in range(2)" in forward) == (case != "alone"), forward
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "E4,E7,E9,F"]
+        + [str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert lint.returncode == 0, lint.stdout
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])

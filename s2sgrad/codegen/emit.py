@@ -21,6 +21,7 @@ from s2sgrad.codegen.gradients import BackwardBody, backward_body
 from s2sgrad.cst import as_statement, nodes
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Compile
+from s2sgrad.values import writes
 
 #: The runtime's reading of a parameter's `.requires_grad` in forward.
 REQUIRES_GRAD = "_requires_grad"
@@ -258,19 +259,22 @@ def _live(
     assigned and never read)."""
     if recompute is None:
         return list(statements)
-    replayed = [
+    replayed: list[cst.BaseStatement] = [
         n
         for r in recompute.statements
         for n in nodes(r)
         if isinstance(n, cst.SimpleStatementLine)
     ]
+    # A loop `f_recompute` runs whole (`for i in range(2): c = ...`) is dead work in
+    # forward too where nothing after it reads what it binds or changes.
+    replayed += [r for r in recompute.statements if isinstance(r, (cst.For, cst.While))]
     return _live_in(statements, names_read(ret), replayed)
 
 
 def _live_in(
     statements: Sequence[cst.BaseStatement],
     live: set[str],
-    replayed: list[cst.SimpleStatementLine],
+    replayed: Sequence[cst.BaseStatement],
 ) -> list[cst.BaseStatement]:
     """`_live` of a block whose successors read `live`; inside an `if`, each branch
     too (`slope = 1 - t * t` under `if act == "tanh":`), a branch left empty being
@@ -278,6 +282,8 @@ def _live_in(
     kept: list[cst.BaseStatement] = []
     for statement in reversed(statements):
         targets = _assigned(statement)
+        if isinstance(statement, (cst.For, cst.While)):
+            targets = writes(statement)  # its changes count: `acc.append(c)`
         if (
             targets
             and not targets & live
@@ -292,7 +298,7 @@ def _live_in(
 
 
 def _live_branches(
-    node: cst.If, live: set[str], replayed: list[cst.SimpleStatementLine]
+    node: cst.If, live: set[str], replayed: Sequence[cst.BaseStatement]
 ) -> cst.If:
     def block(suite: cst.BaseSuite) -> cst.BaseSuite:
         if not isinstance(suite, cst.IndentedBlock):
