@@ -362,6 +362,77 @@ def check_untracked_bindings(
     return found
 
 
+def check_closed_over(
+    diff: Differentiator, evaluator: Evaluator, path: str, lines: Sequence[str]
+) -> list[Diagnostic]:
+    """Reject backward calling a function forward defines (a nested `def`, a lambda
+    bound to a name) that reads a differentiable value forward computed (S2S129).
+
+    The function travels to backward as an object, and the value it closes over
+    with it: reverse mode never sees that value, so it is neither promoted nor
+    recomputed, and the op's higher orders silently miss it.
+    """
+    captured = {c.name for c in diff.captures}
+    params = {p.name for p in diff.params}
+    found = []
+    for statement in diff.statements:
+        if isinstance(statement, cst.FunctionDef):
+            if statement.name.value == diff.backward.name.value:
+                continue
+            name, own = statement.name.value, statement.params
+            inner: cst.CSTNode = statement.body
+        elif m.matches(
+            statement,
+            m.SimpleStatementLine(
+                body=[m.Assign(targets=[m.AssignTarget(m.Name())], value=m.Lambda())]
+            ),
+        ):
+            assert isinstance(statement, cst.SimpleStatementLine)
+            assign = statement.body[0]
+            assert isinstance(assign, cst.Assign)
+            target, function = assign.targets[0].target, assign.value
+            assert isinstance(target, cst.Name) and isinstance(function, cst.Lambda)
+            name, inner, own = target.value, function.body, function.params
+        else:
+            continue
+        if name not in captured:
+            continue
+        local = {p.name.value for p in (*own.params, *own.kwonly_params)} | bound(inner)
+        read = sorted(
+            n
+            for n in _names_read(inner) - local - params
+            if n in evaluator.env and evaluator.env[n].diff
+        )
+        if not read:
+            continue
+        line, text = _source_line(diff, statement, lines)
+        found.append(
+            _located(
+                "S2S129",
+                f"backward calls `{name}`, a function forward defines, which reads "
+                f"`{read[0]}`, a differentiable value forward computed: reverse mode "
+                "does not follow what a function closes over, so higher orders would "
+                f"miss `{read[0]}`",
+                path,
+                line,
+                text,
+                name,
+                f"pass `{read[0]}` to `{name}` as an argument, or define `{name}` "
+                "inside backward",
+            )
+        )
+    return found
+
+
+def _names_read(node: cst.CSTNode) -> set[str]:
+    """The names `node` reads."""
+    return {
+        n.value
+        for n in findall(node, m.Name())
+        if isinstance(n, cst.Name)
+    }
+
+
 def check_detached(
     diff: Differentiator, policy: str, path: str, lines: Sequence[str]
 ) -> list[Diagnostic]:

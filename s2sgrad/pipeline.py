@@ -30,6 +30,7 @@ from s2sgrad.header import Origin
 from s2sgrad.inplace import out_of_place
 from s2sgrad.lift import (
     check_autograd_state,
+    check_closed_over,
     check_detached,
     check_outputs,
     check_parameters,
@@ -231,6 +232,7 @@ def _judge_forward(
         found += check_autograd_state(diff, path, parsed.lines)
         found += check_detached(diff, policy, path, parsed.lines)
         found += check_untracked_bindings(diff, path, parsed.lines)
+        found += check_closed_over(diff, evaluator, path, parsed.lines)
         try:
             rewritten = out_of_place(diff, evaluator.env, path, parsed.lines)
         except TransformError as exc:

@@ -555,3 +555,73 @@ def test_a_loop_backward_recomputes_is_not_left_dead_in_forward(tmp_path, case):
     )
     assert lint.returncode == 0, lint.stdout
     _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
+
+
+# -- what backward does (a probe of backward-side constructs and composition) ---------
+
+CLOSED_OVER = {
+    "nested_def": """
+def f(x, w):
+    c = torch.cos(x * w)
+    def d(gg):
+        return gg * c
+    y = torch.sin(x * w)
+    def backward(g):
+        gh = d(g)
+        return gh * w, (gh * x).sum(0)
+    return y, backward
+""",
+    "lambda": """
+def f(x, w):
+    c = torch.cos(x * w)
+    d = lambda gg: gg * c
+    y = torch.sin(x * w)
+    def backward(g):
+        gh = d(g)
+        return gh * w, (gh * x).sum(0)
+    return y, backward
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLOSED_OVER))
+def test_backward_calling_a_function_that_closes_over_a_temporary_is_refused(case):
+    """The function travelled to backward as an object with `c` inside it, never
+    promoted nor recomputed: order 2 silently lost `c`'s dependence on x and w."""
+    from s2sgrad import transform
+    from s2sgrad.diagnostics import TransformError
+
+    with pytest.raises(TransformError) as caught:
+        transform(HEAD + CLOSED_OVER[case], "m.py", "m")
+    first = caught.value.diagnostics[0]
+    assert first.code == "S2S129" and "`c`" in first.message
+
+
+def test_a_function_of_inputs_only_still_converts(tmp_path):
+    source = HEAD + """
+def f(x, w):
+    d = lambda gg: gg * w
+    def backward(g):
+        return d(g), (g * x).sum(0)
+    return x * w, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "closed_inputs")
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
+
+
+HOLDER_APPEND = """
+def f(x, w):
+    def backward(g):
+        hs = [x]
+        for _ in range(2):
+            hs.append(torch.sin(hs[-1] * w))
+        return g * w, g * hs[0]
+    return x * w, backward
+"""
+
+
+def test_backward_appending_to_a_new_list_that_holds_a_capture(tmp_path):
+    """`hs = [x]; hs.append(...)` changes the new list, not `x`: it was refused as
+    S2S103 (\"changes the captured value x\")."""
+    closures, generated = import_pair(tmp_path, HEAD + HOLDER_APPEND, "holder_append")
+    _check(closures, generated, "f", [_r(3, 4), _r(3, 4, seed=1)])

@@ -705,6 +705,9 @@ def _through_backward_aliases(
     `a.mul_(1)` changes `u`, which backward's second run (or a double backward)
     then finds changed, a RuntimeError at call time."""
     shared: dict[str, str] = {}
+    #: Names bound to a new container that holds a captured value (`hs = [u]`):
+    #: `hs.append(g)` changes the list, not `u`.
+    holders: set[str] = set()
     # `for a in [u]:` makes `a` u itself.
     assigns: list[tuple[list[cst.BaseExpression], cst.BaseExpression]] = [
         (
@@ -738,17 +741,33 @@ def _through_backward_aliases(
                     )
                     if owner is not None:
                         shared[name] = owner
+                        if isinstance(part, _DISPLAYS):
+                            holders.add(name)  # a new list holding `u`, not `u`
                         grown = True
         if not grown:
             break
     return [
         (
             replace(hit, name=shared[hit.name])
-            if hit.in_backward and hit.kind != "del" and hit.name in shared
+            if hit.in_backward
+            and hit.kind != "del"
+            and hit.name in shared
+            and not (hit.kind == "container" and hit.name in holders)
             else hit
         )
         for hit in hits
     ]
+
+
+_DISPLAYS = (
+    cst.List,
+    cst.Tuple,
+    cst.Set,
+    cst.Dict,
+    cst.ListComp,
+    cst.SetComp,
+    cst.DictComp,
+)
 
 
 def _stand_ins(
