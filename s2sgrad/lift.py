@@ -201,6 +201,26 @@ def check_outputs(
     found = []
     for node in diff.outputs:
         value = evaluator.expr(node)
+        if value.fields is not None and value.kinds == {SEQ}:
+            # `x.max(dim=1)` as it is: the op would hand back a plain list of its
+            # tensors (no `.values`), and backward a list of gradients.
+            shown = code(node)
+            fields = ", ".join(value.fields)
+            found.append(
+                _located(
+                    "S2S124",
+                    f"the output `{shown}` is a named tuple ({fields}): the op returns "
+                    "tensors, and would lose its fields and give backward a list",
+                    path,
+                    line,
+                    text,
+                    shown,
+                    f"return its fields as outputs of their own (`{fields} = "
+                    f"{shown}`, then `return ({fields}), {diff.backward.name.value}`),"
+                    f" or the one you need (`{shown}.{value.fields[0]}`)",
+                )
+            )
+            continue
         # A tensor, maybe None or a number where it does not depend on the inputs, is
         # one output; a list of tensors is flattened; anything else may be either.
         if value.tensor_list or not (value.kinds & {SEQ, OTHER}):

@@ -625,3 +625,49 @@ def test_backward_appending_to_a_new_list_that_holds_a_capture(tmp_path):
     S2S103 (\"changes the captured value x\")."""
     closures, generated = import_pair(tmp_path, HEAD + HOLDER_APPEND, "holder_append")
     _check(closures, generated, "f", [_r(3, 4), _r(3, 4, seed=1)])
+
+
+NAMED_TUPLE_OUTPUTS = {
+    "returned_as_is": """
+def f(x):
+    def backward(g):
+        return torch.zeros_like(x).scatter(1, x.argmax(1, keepdim=True), g.unsqueeze(1))
+    return x.max(dim=1), backward
+""",
+    "bound_then_returned": """
+def f(x, w):
+    r = (x * w).sort(1)
+    def backward(g):
+        src = g.gather(1, torch.argsort(r.indices, 1))
+        return src * w, src * x
+    return r, backward
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(NAMED_TUPLE_OUTPUTS))
+def test_a_named_tuple_output_is_refused(case):
+    """The op returned a plain tuple (no `.values`) and gave backward a list: every
+    backward crashed. Now S2S124, which says to return its fields."""
+    from s2sgrad import transform
+    from s2sgrad.diagnostics import TransformError
+
+    with pytest.raises(TransformError) as caught:
+        transform(HEAD + NAMED_TUPLE_OUTPUTS[case], "m.py", "m")
+    first = caught.value.diagnostics[0]
+    assert first.code == "S2S124" and "named tuple" in first.message
+
+
+def test_the_fields_of_a_named_tuple_as_outputs_convert(tmp_path):
+    source = HEAD + """
+def f(x, w):
+    values, indices = (x * w).max(dim=1)
+    def backward(g, gi):
+        src = torch.zeros_like(x).scatter(1, indices[:, None], g[:, None])
+        return src * w, src * x
+    return (values, indices), backward
+"""
+    closures, generated = import_pair(tmp_path, source, "named_fields")
+    values, indices = generated.f(_r(3, 4), _r(4, seed=1))
+    assert indices.dtype == torch.int64
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
