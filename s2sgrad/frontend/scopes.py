@@ -585,19 +585,25 @@ def _input_views(
 _SPLITTERS = frozenset({"chunk", "split", "unbind", "tensor_split", "split_with_sizes"})
 
 
+#: Displays and comprehensions: each makes a new container.
+_DISPLAYS = (
+    cst.List,
+    cst.Tuple,
+    cst.Set,
+    cst.Dict,
+    cst.ListComp,
+    cst.SetComp,
+    cst.DictComp,
+)
+
+
 def _holder(value: cst.BaseExpression) -> bool:
     """Whether `value` makes a container (`[x]`, `x.chunk(2)`, `list(...)`), whose
     own items a store replaces, rather than a tensor."""
     if isinstance(
         value,
         (
-            cst.List,
-            cst.Tuple,
-            cst.Set,
-            cst.Dict,
-            cst.ListComp,
-            cst.SetComp,
-            cst.DictComp,
+            *_DISPLAYS,
             cst.GeneratorExp,
             cst.BinaryOperation,
         ),
@@ -757,17 +763,6 @@ def _through_backward_aliases(
         )
         for hit in hits
     ]
-
-
-_DISPLAYS = (
-    cst.List,
-    cst.Tuple,
-    cst.Set,
-    cst.Dict,
-    cst.ListComp,
-    cst.SetComp,
-    cst.DictComp,
-)
 
 
 def _stand_ins(
