@@ -20,7 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound, code, dotted, findall, walk
+from s2sgrad.cst import bound, code, dotted, findall, spelled, walk
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.model import Capture, Differentiator, Use
 from s2sgrad.lines import line_text
@@ -420,7 +420,7 @@ def check_closed_over(
         local = {p.name.value for p in (*own.params, *own.kwonly_params)} | bound(inner)
         read = sorted(
             n
-            for n in _names_read(inner) - local - params
+            for n in spelled(inner) - local - params
             if n in evaluator.env and evaluator.env[n].diff
         )
         if not read:
@@ -442,15 +442,6 @@ def check_closed_over(
             )
         )
     return found
-
-
-def _names_read(node: cst.CSTNode) -> set[str]:
-    """The names `node` reads."""
-    return {
-        n.value
-        for n in findall(node, m.Name())
-        if isinstance(n, cst.Name)
-    }
 
 
 def check_detached(

@@ -671,3 +671,22 @@ def f(x, w):
     values, indices = generated.f(_r(3, 4), _r(4, seed=1))
     assert indices.dtype == torch.int64
     _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
+
+
+def test_out_of_place_tensor_methods_named_like_container_ones_keep_slicing(tmp_path):
+    """`t.add(...)` and `t.sort()` change nothing: backward is still split per
+    gradient (only `stack.pop()`-like calls on what backward made keep it whole)."""
+    source = HEAD + """
+def f(x, w):
+    def backward(g):
+        gh = g * 2.0
+        gx = gh.mul(w).add(1.0) - 1.0
+        gw = gh.add(0.0) * x
+        return gx, gw
+    return x * w * 2.0, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "add_slices")
+    text = (tmp_path / "add_slices_grad.py").read_text()
+    assert "if need_x" in text, text
+    for needs in ([True, True], [False, True], [True, False]):
+        _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)

@@ -288,8 +288,10 @@ class Planner:
 
     def _merges_read(self, attempt: _Attempt) -> set[int]:
         """The final merged versions one of whose sides the VJP code reads."""
-        found = set()
-        for version_id, metadata in self._reads(attempt) if attempt.blocks else ():
+        found: set[int] = set()
+        if not self.program.sides or not attempt.blocks:
+            return found  # no branch binds a name: nothing to look for
+        for version_id, metadata in self._reads(attempt):
             owner = self._owner(self.by_id[version_id])
             if metadata is None and owner.id != version_id and owner.value.diff:
                 if owner.id not in attempt.generator.accumulators:

@@ -19,7 +19,7 @@ import libcst.matchers as m
 
 from s2sgrad.autodiff.inline import bound_names, names_read
 from s2sgrad.cst import findall, module, nodes
-from s2sgrad.sharing import CONTAINER_ADDS
+from s2sgrad.values import CONTAINER_MUTATORS
 
 _SIMPLE = m.SimpleStatementLine(
     body=[m.Assign(targets=[m.AssignTarget(m.Name())]) | m.AnnAssign(target=m.Name())]
@@ -129,8 +129,6 @@ def slice_closure(
     return Sliced(out, frozenset(assigned))
 
 
-#: Methods that change the object they are called on (beside tensors' `op_`).
-_CHANGES = CONTAINER_ADDS | {"pop", "popitem", "remove", "clear", "sort", "reverse"}
 #: What binds a name to an object that a call may change, or consume.
 _CHANGEABLE = m.OneOf(
     m.List(),
@@ -143,6 +141,11 @@ _CHANGEABLE = m.OneOf(
     m.Call(func=m.OneOf(*(m.Name(n) for n in ("list", "dict", "set", "iter")))),
     m.Call(func=m.Name("reversed")),
 )
+
+
+#: Container methods that are also out-of-place tensor methods: they change only a
+#: list, set or dict that backward made.
+_TENSOR_TOO = frozenset({"add", "sort"})
 
 
 def _order_matters(parts: Sequence[cst.CSTNode]) -> bool:
@@ -167,11 +170,14 @@ def _order_matters(parts: Sequence[cst.CSTNode]) -> bool:
             func = found.func
             if isinstance(func, cst.Name) and func.value == "next":
                 return True
-            if isinstance(func, cst.Attribute) and (
-                func.attr.value in _CHANGES
-                or (func.attr.value.endswith("_") and not func.attr.value.startswith("_"))
-            ):
-                return True
+            if isinstance(func, cst.Attribute):
+                method = func.attr.value
+                if method.endswith("_") and not method.startswith("_"):
+                    return True  # an in-place tensor op
+                receiver = func.value
+                made = isinstance(receiver, cst.Name) and receiver.value in changeable
+                if method in CONTAINER_MUTATORS and (made or method not in _TENSOR_TOO):
+                    return True  # `stack.pop()`; `t.add(1)` and `t.sort()` are not
             if any(
                 isinstance(a.value, cst.Name) and a.value.value in changeable
                 for a in found.args
