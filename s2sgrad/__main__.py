@@ -1,7 +1,5 @@
 """`python -m s2sgrad` runs the command line."""
 
-import sys
+from s2sgrad.cli import command_line
 
-from s2sgrad.cli import main
-
-sys.exit(main())
+command_line()

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, NoReturn, TypeVar
 
 import s2sgrad
 from s2sgrad.config import Config, ConfigError, load_config
@@ -820,21 +820,56 @@ def _collect_rarely() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return _main(argv)[0]
+
+
+def command_line() -> NoReturn:
+    """The `s2sgrad` command (and `python -m s2sgrad`): `main` on `sys.argv`.
+
+    Where `convert` or `review` ran, nothing is left to do once the files are
+    written and the report is out, and the process ends at once: the interpreter's
+    teardown frees every object the conversion built, a few percent of converting a
+    large module, for nothing (mypy ends the same way). Not after `check` and
+    `run`, which ran the user's code: its `atexit` functions and open files are
+    kept as Python keeps them.
+    """
+    code, converting = _main(None)
+    if converting:
+        _end_at_once(code)
+    sys.exit(code)
+
+
+def _end_at_once(code: int) -> NoReturn:
+    """End the process with `code` now, after writing out what stdout and stderr
+    hold (a reader that closed the pipe, `| head`, changes nothing: the code
+    stands)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe, or a closed stream
+            pass
+    os._exit(code)
+
+
+def _main(argv: Sequence[str] | None) -> tuple[int, bool]:
+    """`main`'s exit code, and whether this process only converted (the command
+    line's own process ran `convert` or `review`)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
-        return int(exc.code or 0)
+        return int(exc.code or 0), False
+    converting = args.command in ("convert", "review") and argv is None
     if args.command == "run":
         _run_manners(args)
-    elif args.command in ("convert", "review") and argv is None:
+    elif converting:
         _collect_rarely()  # the command line's own process, not a caller's
     try:
         result: int = args.run(args)
-        return result
+        return result, converting
     except Exception as exc:  # noqa: BLE001 - anything unexpected is our bug
-        return report_internal_error(exc)
+        return report_internal_error(exc), converting
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    command_line()
