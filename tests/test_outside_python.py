@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import assert_same, derivatives, import_pair, leaves
+from oracle import assert_same, derivatives, import_pair, leaves, mypy_strict
 
 F64 = torch.float64
 HEAD = "import torch\n\n\n"
@@ -690,3 +690,98 @@ def f(x, w):
     assert "if need_x" in text, text
     for needs in ([True, True], [False, True], [True, False]):
         _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)
+
+
+# -- one parameter: its gradient bare, in a 1-tuple or in a 1-list ------------------
+
+ONE_PARAMETER = HEAD + """
+def as_list(x):
+    t = torch.tanh(x)
+    def backward(g):
+        return [g * (1.0 - t * t)]
+    return t * 1.0, backward
+
+
+def plain_list(x):
+    def backward(g):
+        return [
+            g * 2.0
+        ]
+    return x * 2.0, backward
+
+
+def two_lists(x):
+    t = torch.tanh(x)
+    def backward(g):
+        if g is None:
+            return [None]
+        return [g * (1.0 - t * t)]
+    return t * 1.0, backward
+
+
+def one_tuple(x):
+    t = torch.tanh(x)
+    def backward(g):
+        return (g * (1.0 - t * t),)
+    return t * 1.0, backward
+
+
+def two_tuples(x):
+    t = torch.tanh(x)
+    def backward(g):
+        if t.numel() == 0:
+            return (g,)
+        return (g * (1.0 - t * t),)
+    return t * 1.0, backward
+
+
+def now_bare_now_tuple(x):
+    t = torch.tanh(x)
+    def backward(g):
+        if t.numel() == 0:
+            return g
+        return (g * (1.0 - t * t),)
+    return t * 1.0, backward
+"""
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        "as_list",
+        "plain_list",
+        "two_lists",
+        "one_tuple",
+        "two_tuples",
+        "now_bare_now_tuple",
+    ],
+)
+def test_one_parameter_gradient_in_a_list_or_tuple(tmp_path, fn):
+    """A one-parameter backward's `return [grad]` reached autograd as a list (a crash
+    on every call), and `return (grad,)` from several returns became the gradient
+    itself (a crash); with a promoted temporary the module failed mypy --strict."""
+    closures, generated = import_pair(tmp_path, ONE_PARAMETER, "one_parameter")
+    _check(closures, generated, fn, [_r(3, 4)])
+
+
+def test_one_parameter_module_passes_mypy_strict(tmp_path):
+    import_pair(tmp_path, ONE_PARAMETER, "one_parameter")
+    text = (tmp_path / "one_parameter_grad.py").read_text()
+    assert mypy_strict(tmp_path, "one_parameter_grad.py", text) == ""
+
+
+def test_one_parameter_returning_a_name_bound_to_a_list_is_refused():
+    from s2sgrad import transform
+    from s2sgrad.diagnostics import TransformError
+
+    source = HEAD + """
+def f(x):
+    def backward(g):
+        gs = [g * 2.0]
+        return gs
+    return x * 2.0, backward
+"""
+    with pytest.raises(TransformError) as caught:
+        transform(source, "m.py", "m")
+    first = caught.value.diagnostics[0]
+    assert (first.code, first.line) == ("S2S108", 8), first

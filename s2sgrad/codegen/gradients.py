@@ -19,6 +19,7 @@ from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import types
 from s2sgrad.codegen.slicing import slice_closure
 from s2sgrad.cst import module, spelled, statements
+from s2sgrad.frontend.checks import own_returns
 from s2sgrad.names import NameAllocator
 from s2sgrad.values import NONE, param_value
 
@@ -121,7 +122,10 @@ def backward_body(
         results[0] if bare else ", ".join(results) + ("," if len(results) == 1 else "")
     )
     body.append(cst.parse_statement(f"return {returned}\n"))
-    returns = types.GRAD if bare else built
+    if bare:
+        returns = types.GRAD
+    else:  # a tuple, of one gradient too
+        returns = types.GRADS if built == types.GRAD else built
     return BackwardBody(body, needs if sliced else None, True, returns)
 
 
@@ -182,6 +186,10 @@ def _assign(results: list[str], value: cst.BaseExpression | None) -> cst.Assign 
     return cst.Assign([cst.AssignTarget(target)], value)
 
 
+def _sequence(value: cst.BaseExpression | None) -> bool:
+    return isinstance(value, (cst.Tuple, cst.List))
+
+
 def _nested(
     record: Differentiated, results: list[str], user: list[cst.BaseStatement]
 ) -> list[cst.BaseStatement]:
@@ -205,8 +213,21 @@ def _nested(
     call = f"{name}({', '.join(diff.grad_params)})"
     n = len(results)
     targets = ", ".join(r if r != "None" else "_" for r in results)
-    if n == 1:
+    if n == 1 and not any(_sequence(r.value) for r in own_returns(module(user))):
         tail = cst.parse_statement(f"{targets} = {call}\n")
+    elif n == 1 and not diff.returns_tuples:  # now bare, now in a tuple
+        return [
+            nested,
+            cst.parse_statement(f"{targets} = {call}\n"),
+            cst.parse_statement(
+                f"if isinstance({targets}, (tuple, list)):\n"
+                f"    ({targets},) = {targets}\n"
+            ),
+        ]
+    elif n == 1:
+        tail = cst.parse_statement(
+            f"({targets},) = (None,) if (grads := {call}) is None else grads\n"
+        )
     else:
         nones = ", ".join(["None"] * n)
         tail = cst.parse_statement(

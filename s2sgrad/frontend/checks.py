@@ -503,12 +503,25 @@ def _check_gradient_count(
                 hint,
             )
         ]
-    one_list = n_params == 1 and _list_annotated(names_of(params)[0])
+    one_list = n_params == 1 and list_annotated(names_of(params)[0])
     found = []
+    lists = _bound_to_sequences(bw) if n_params == 1 and not one_list else set()
     for ret in returns.returns:
         value = ret.value
         if one_list and not _holds_a_list(value):
             continue  # one list parameter's gradients, bare: any number of them
+        if isinstance(value, cst.Name) and value.value in lists:
+            found.append(
+                loc.error(
+                    "S2S108",
+                    ret,
+                    f"`{bname}` returns `{value.value}`, which it binds to a list or "
+                    f"tuple, but `{name}` has one parameter: s2sgrad cannot tell its "
+                    "one gradient in a sequence from the gradient itself",
+                    f"return the gradient itself, or `({value.value}[0],)`",
+                )
+            )
+            continue
         listed = isinstance(value, cst.Tuple) or (
             n_params > 1 and isinstance(value, cst.List)
         )
@@ -561,6 +574,28 @@ def _check_gradient_count(
     return found
 
 
+def _bound_to_sequences(bw: cst.FunctionDef) -> set[str]:
+    """Names that backward binds to a list or tuple display or comprehension."""
+    shapes = (cst.List, cst.Tuple, cst.ListComp)
+    found = set()
+    for node in nodes(bw.body):
+        if isinstance(node, cst.Assign) and isinstance(node.value, shapes):
+            targets = [t.target for t in node.targets]
+        elif isinstance(node, cst.AnnAssign) and isinstance(node.value, shapes):
+            targets = [node.target]
+        else:
+            continue
+        found |= {t.value for t in targets if isinstance(t, cst.Name)}
+    return found
+
+
+def own_returns(body: cst.CSTNode) -> list[cst.Return]:
+    """The returns of a function body, not of the functions nested in it."""
+    returns = _OwnReturns()
+    walk(body, returns)
+    return returns.returns
+
+
 def names_of(params: cst.Parameters) -> list[cst.Param]:
     """The parameters that take one argument each, in signature order."""
     return [*params.posonly_params, *params.params, *params.kwonly_params]
@@ -574,7 +609,7 @@ def _holds_a_list(value: cst.BaseExpression | None) -> bool:
     )
 
 
-def _list_annotated(param: cst.Param) -> bool:
+def list_annotated(param: cst.Param) -> bool:
     """Whether the parameter is annotated as a list of tensors."""
     from s2sgrad.values import annotation_value  # values reads frontend's records
 

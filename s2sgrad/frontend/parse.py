@@ -157,7 +157,7 @@ def parse(source: str, path: str) -> ParsedModule:
                 )
             ]
         ) from None
-    if _TUPLE_ARITHMETIC.search(source):
+    if _TUPLE_ARITHMETIC.search(source) or _LIST_RETURN.search(source):
         module = _spell_tuple_returns(module)
     try:
         return _parse_module(module, source, path, tree)
@@ -171,6 +171,8 @@ def parse(source: str, path: str) -> ParsedModule:
 
 #: `return (grad,) + (None,) * 3` and the like, somewhere in the source.
 _TUPLE_ARITHMETIC = re.compile(r"\breturn\b[^\n]*\)\s*[+*]")
+#: `return [grad]`, somewhere in the source.
+_LIST_RETURN = re.compile(r"\breturn\s*\[")
 
 
 def _spell_tuple_returns(module: cst.Module) -> cst.Module:
@@ -179,22 +181,37 @@ def _spell_tuple_returns(module: cst.Module) -> cst.Module:
     of a large module cost more than parsing it)."""
     body = []
     for stmt in module.body:
-        finder = _NestedReturns()
+        lists = isinstance(stmt, cst.FunctionDef) and _one_plain_param(stmt)
+        finder = _NestedReturns(lists)
         if any(
-            isinstance(n, cst.Return) and isinstance(n.value, cst.BinaryOperation)
+            isinstance(n, cst.Return)
+            and isinstance(n.value, (cst.BinaryOperation, cst.List))
             for n in nodes(stmt)
         ):
             walk(stmt, finder)  # where it is nested
-        body.append(as_statement(stmt.visit(_TupleReturns())) if finder.found else stmt)
+        rewrite = _TupleReturns(lists)
+        body.append(as_statement(stmt.visit(rewrite)) if finder.found else stmt)
     return module.with_changes(body=body)
 
 
-class _NestedReturns(cst.CSTVisitor):
-    """Find a `return a + b` or `return a * b` inside a nested function."""
+def _one_plain_param(function: cst.FunctionDef) -> bool:
+    """Whether `function` takes exactly one parameter, and not a list of tensors:
+    its backward returns one gradient, which `return [grad]` holds in a list."""
+    params = function.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    if len(every) != 1 or isinstance(params.star_arg, cst.Param) or params.star_kwarg:
+        return False
+    return not checks.list_annotated(every[0])
 
-    def __init__(self) -> None:
+
+class _NestedReturns(cst.CSTVisitor):
+    """Find a `return a + b` or `return a * b` inside a nested function, or where
+    `lists`, a `return [grad]` of backward's own."""
+
+    def __init__(self, lists: bool = False) -> None:
         self.depth = 0
         self.found = False
+        self.lists = lists
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.depth += 1
@@ -205,16 +222,32 @@ class _NestedReturns(cst.CSTVisitor):
     def visit_Return(self, node: cst.Return) -> None:
         if self.depth >= 2 and isinstance(node.value, cst.BinaryOperation):
             self.found = True
+        elif self.lists and self.depth == 2 and _one_item_list(node.value):
+            self.found = True
+
+
+def _one_item_list(node: cst.BaseExpression | None) -> bool:
+    return (
+        isinstance(node, cst.List)
+        and len(node.elements) == 1
+        and isinstance(node.elements[0], cst.Element)
+    )
 
 
 class _TupleReturns(cst.CSTTransformer):
     """Spell `return (grad,) + (None,) * 3`, the idiom of hand-written Functions, as
     the tuple it makes, `return (grad, None, None, None)`, inside nested functions
     (backward). Only one-line returns of tuple literals joined by `+` and repeated by
-    an integer literal: lines and every other position stay as they were."""
+    an integer literal: lines and every other position stay as they were.
 
-    def __init__(self) -> None:
+    Where `lists` (a differentiator of one parameter), backward's own `return
+    [grad]` is spelled `return (grad,)`, the one-entry tuple it stands for: a list
+    with several entries unpacks into the gradients as a tuple does, but one bare
+    gradient could not be told from a list of one (autograd takes no list)."""
+
+    def __init__(self, lists: bool = False) -> None:
         self.depth = 0
+        self.lists = lists
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.depth += 1
@@ -229,6 +262,18 @@ class _TupleReturns(cst.CSTTransformer):
         self, original_node: cst.Return, updated_node: cst.Return
     ) -> cst.Return:
         value = updated_node.value
+        if self.lists and self.depth == 2 and isinstance(value, cst.List):
+            if not _one_item_list(value):
+                return updated_node
+            (item,) = value.elements
+            comma = item.comma if isinstance(item.comma, cst.Comma) else cst.Comma()
+            return updated_node.with_changes(
+                value=cst.Tuple(
+                    [item.with_changes(comma=comma)],
+                    lpar=[cst.LeftParen(value.lbracket.whitespace_after)],
+                    rpar=[cst.RightParen(value.rbracket.whitespace_before)],
+                )
+            )
         if self.depth < 2 or not isinstance(value, cst.BinaryOperation):
             return updated_node
         if "\n" in cst.Module([]).code_for_node(value):
