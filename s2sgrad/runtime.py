@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 #: The formats of generated code this runtime serves (s2sgrad/header.py writes them).
-FORMATS = range(9, 28)
+FORMATS = range(9, 29)
 
 Context = tuple[Any, ...]  # what f_forward hands to f_backward
 Grad = Tensor | None  # None stands for a gradient of zeros
@@ -215,6 +215,8 @@ def _saved(ctx: Any) -> tuple[Any, ...]:
 try:  # private torch API; another torch takes Function.apply as is
     from torch._C import _are_functorch_transforms_active as _transforms_active
     from torch._C._functorch import get_interpreter_stack as _interpreters
+    from torch._C._functorch import get_unwrapped as _unwrapped_once
+    from torch._C._functorch import is_functorch_wrapped_tensor as _wrapped
     from torch._functorch.utils import unwrap_dead_wrappers as _unwrap
 
     _base_apply: Any = torch._C._FunctionBase.__dict__["apply"]
@@ -226,6 +228,7 @@ _function_apply: Any = getattr(
     getattr(torch.autograd.Function, "apply", None), "__func__", None
 )
 _JVP = "s2sgrad jvp"  # the ctx attribute of forward mode, no name of the user's
+_SAVED = "s2sgrad saved count"  # how many of forward mode's saved tensors are its own
 #: Set while torch.func or forward mode differentiates the op: its Function's forward
 #: sees the inputs without their `requires_grad`, so `_requires_grad` answers for them.
 _differentiating = contextvars.ContextVar("s2sgrad differentiating", default=False)
@@ -259,7 +262,7 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
             return _torch_apply(_with_jvp(function), *args)
         transforms = _transforms_active()
         if transforms and "first_order" in vars(function.backward):
-            _refuse_nesting(function)
+            _refuse_nesting(function, args)
         dual = getattr(forward_ad, "_current_level", 0) >= 0
         if not transforms and not dual:
             if not _any_autocast():
@@ -312,11 +315,19 @@ def _number_for_tensor(function: Any, args: tuple[Any, ...], error: Exception) -
             ) from error
 
 
-def _refuse_nesting(function: type[torch.autograd.Function]) -> None:
-    """Raise where torch.func nests two derivatives around a first-order op."""
+def _refuse_nesting(function: type[torch.autograd.Function], args: Any) -> None:
+    """Raise where torch.func nests two derivatives around a first-order op, or
+    forward mode runs where autograd records (the tangents then depend on inputs
+    that require grad, through temporaries saved as constants)."""
     keys = [str(i.key()) for i in _interpreters() or ()]
     if sum(k in ("TransformType.Grad", "TransformType.Jvp") for k in keys) > 1:
         raise RuntimeError(vars(function.backward)["first_order"])
+    if "TransformType.Jvp" in keys and torch.is_grad_enabled():
+        for arg in args:
+            while isinstance(arg, Tensor) and _wrapped(arg):
+                arg = _unwrapped_once(arg)
+            if isinstance(arg, Tensor) and arg.requires_grad:
+                raise RuntimeError(vars(function.backward)["first_order"])
 
 
 def _jvp_over_jvp(function: type[torch.autograd.Function]) -> bool:
@@ -430,12 +441,18 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
         outputs = function.forward(*args)
         return _distinct(outputs, args) if _differentiating.get() else outputs
 
+    refusal = vars(function.backward).get("first_order")
+
     def setup_context(ctx: Any, inputs: Context, output: Any) -> None:
         function.setup_context(kept := _Kept(ctx), inputs, output)
         saved = kept.__dict__["s2sgrad saved"]
         ctx.save_for_backward(*saved)
-        ctx.save_for_forward(*saved)
+        # policy=first-order: the inputs that require grad, for forward mode to hang
+        # its refusal on (see `jvp`).
+        edges = [x for x in inputs if isinstance(x, Tensor) and x.requires_grad]
+        ctx.save_for_forward(*saved, *(edges if refusal else ()))
         setattr(ctx, _JVP, _layout(inputs, output))
+        setattr(ctx, _SAVED, len(saved))
 
     def backward(ctx: Any, *grads: Grad) -> Any:
         with _autocast_as(getattr(ctx, _JVP)[3]):
@@ -443,7 +460,20 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
 
     def jvp(ctx: Any, *tangents: Grad) -> Any:
         with _autocast_as(getattr(ctx, _JVP)[3]):
-            return _distinct(_transposed(function, ctx, tangents), tangents)
+            found = _distinct(_transposed(function, ctx, tangents), tangents)
+        if refusal is None or not torch.is_grad_enabled():
+            return found
+        # The tangents read saved temporaries, constants to autograd: differentiated
+        # by reverse mode (autograd.grad of a tangent) they would lose their second
+        # order term. Autograd reaches this refusal there instead.
+        edges = ctx.saved_tensors[getattr(ctx, _SAVED) :]
+        edges += tuple(t for t in tangents if isinstance(t, Tensor) and t.requires_grad)
+        if not edges:
+            return found
+        several = isinstance(found, tuple)
+        found = found if several else (found,)
+        refused = _Refuse.apply(refusal, len(found), *found, *edges)  # type: ignore[no-untyped-call]
+        return refused if several else refused[0]
 
     methods = (forward, setup_context, backward, jvp)
     own: dict[str, Any] = {m.__name__: staticmethod(m) for m in methods}
@@ -473,6 +503,11 @@ class _Kept:
             or self.__dict__["s2sgrad ctx"].needs_input_grad
         )
 
+    @property
+    def saved_tensors(self) -> Any:
+        read = self.__dict__.get("s2sgrad read")
+        return self.__dict__["s2sgrad ctx"].saved_tensors if read is None else read
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["s2sgrad ctx"], name)
 
@@ -489,6 +524,8 @@ def _transposed(function: Any, ctx: Any, tangents: tuple[Grad, ...]) -> Any:
     wrt = [i for i, t in enumerate(tangents) if t is not None and shapes[i] is not None]
     backward = getattr(function.backward, "__wrapped__", function.backward)
     kept = _Kept(ctx, tuple(i in wrt for i in range(len(tangents))))
+    if hasattr(ctx, _SAVED):  # what the Function saved, without `jvp`'s edges
+        kept.__dict__["s2sgrad read"] = ctx.saved_tensors[: getattr(ctx, _SAVED)]
     zeros = [torch.zeros(o[0], dtype=o[1], device=o[2]) for o in outputs if o]
 
     def gradients(*given: Tensor) -> tuple[Tensor, ...]:

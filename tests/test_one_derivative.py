@@ -205,10 +205,25 @@ def _second_order_uses(op: Any) -> dict[str, Any]:
             out = op(fwAD.make_dual(x, torch.randn_like(x)), w)
             torch.autograd.grad(out.sum(), w)
 
+    def reverse_over_forward_ad() -> None:
+        x, w = leaves()
+        with fwAD.dual_level():
+            out = op(fwAD.make_dual(x, torch.randn_like(x)), w)
+            tangent = fwAD.unpack_dual((out**2).sum()).tangent
+        torch.autograd.grad(tangent, (x, w))
+
+    def reverse_over_jvp() -> None:
+        x, w = leaves()
+        t = torch.randn_like(x)
+        _, tangent = jvp(lambda z: (op(z, w) ** 2).sum(), (x,), (t,))
+        torch.autograd.grad(tangent, (x, w))
+
     return {
         "double backward": double_backward,
         "gradient penalty": gradient_penalty,
         "forward_ad over reverse": forward_over_reverse,
+        "reverse over forward_ad": reverse_over_forward_ad,
+        "reverse over torch.func.jvp": reverse_over_jvp,
         "hessian": lambda: hessian(loss)(x0),
         "jacrev over jacrev": lambda: jacrev(jacrev(loss))(x0),
         "jacfwd over jacfwd": lambda: jacfwd(jacfwd(loss))(x0),
@@ -302,3 +317,36 @@ def test_first_order_policy_answers_first_derivatives(first_order):
         _close(a, b, "backward")
     per_row = vmap(torch.func.grad(lambda v: op(v, w).sum()))(x)
     _close(per_row, torch.func.grad(lambda v: reference(v, w).sum())(x), "vmap of grad")
+
+
+@pytest.mark.parametrize("name", ["softplus_squared", "logsumexp"])
+def test_first_order_forward_mode_of_inputs_that_require_grad(first_order, name):
+    """An outside probe: forward mode through a first-order op whose inputs require
+    grad, its tangent then differentiated by reverse mode, lost the second-order
+    term silently (off by 1.3): the tangent read saved temporaries, constants to
+    autograd. Now that refuses, where the tangent itself (a first derivative) and
+    the primal's gradient stay right."""
+    source: dict[str, Any] = {}
+    exec(SOURCE, source)
+    x0, w0 = _inputs()
+    extra = (w0,) if name == "softplus_squared" else ()
+    t = torch.randn_like(x0)
+
+    def run(op: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = x0.clone().requires_grad_()
+        with fwAD.dual_level():
+            out = op(fwAD.make_dual(x, t), *extra)
+            primal, tangent = fwAD.unpack_dual((out**2).sum())
+        (g,) = torch.autograd.grad(primal, x)
+        return primal.detach(), tangent.detach(), g
+
+    got = run(first_order[name])
+    expected = run(lambda *a: source[name](*a)[0])
+    for a, b, what in zip(got, expected, ("value", "tangent", "gradient"), strict=True):
+        _close(a, b, what)
+    x = x0.clone().requires_grad_()
+    with fwAD.dual_level():
+        out = first_order[name](fwAD.make_dual(x, t), *extra)
+        tangent = fwAD.unpack_dual((out**2).sum()).tangent
+    with pytest.raises(RuntimeError, match=f"`{name}` was converted with policy="):
+        torch.autograd.grad(tangent, x)
