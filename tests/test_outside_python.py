@@ -785,3 +785,25 @@ def f(x):
         transform(source, "m.py", "m")
     first = caught.value.diagnostics[0]
     assert (first.code, first.line) == ("S2S108", 8), first
+
+
+def test_an_annotated_temporary_recomputed_in_backward_leaves_forward(tmp_path):
+    """An outside probe: `v: torch.Tensor = _helper(x)`, recomputed in backward, was
+    still computed and dropped in f_forward (ruff F841, and forward's work twice);
+    the same statement unannotated was left out."""
+    source = HEAD + """
+def _helper(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+def f(x: torch.Tensor):
+    v: torch.Tensor = _helper(x)
+    def backward(grad):
+        return grad * v
+    return x * x * 1.5, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "annotated_recomputed")
+    text = (tmp_path / "annotated_recomputed_grad.py").read_text()
+    forward = text[text.index("def f_forward") : text.index("def f_recompute")]
+    assert "_helper" not in forward, forward
+    _check(closures, generated, "f", [_r(3, 4)])

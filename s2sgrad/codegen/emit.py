@@ -321,9 +321,12 @@ def _assigned(statement: cst.BaseStatement) -> set[str]:
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return set()
     small = statement.body[0]
-    if not isinstance(small, cst.Assign):
+    if isinstance(small, cst.AnnAssign) and small.value is not None:
+        names = [small.target]
+    elif isinstance(small, cst.Assign):
+        names = [t.target for t in small.targets]
+    else:
         return set()
-    names = [t.target for t in small.targets]
     if not all(isinstance(n, cst.Name) for n in names):
         return set()
     return {n.value for n in names if isinstance(n, cst.Name)}
