@@ -307,6 +307,10 @@ def collect(
     `handle`, when it has a file.
     """
     jobs = select(args, config)
+    clash = _clashes(jobs)
+    if clash:
+        print(f"s2sgrad: error: {clash}; nothing written", file=sys.stderr)
+        return None
     early = [shortcut(job, config) if shortcut else None for job in jobs]
     rest = [job for job, answer in zip(jobs, early, strict=True) if answer is None]
     late = iter(run_jobs(handle, rest, config.options(), args.workers) if rest else [])
@@ -325,6 +329,34 @@ def collect(
         print("s2sgrad: no differentiators found", file=sys.stderr)
         return None
     return [o for o in outcomes if not isinstance(o, Failed)]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and a.samefile(b)
+    except OSError:
+        return False
+
+
+def _clashes(jobs: Sequence[Job]) -> str | None:
+    """Say where two sources would write one output, or an output is a source."""
+    seen: dict[Path, Path] = {}
+    sources = {job.source.resolve() for job in jobs}
+    for job in jobs:
+        output = job.output.resolve()
+        if output in sources:
+            return (
+                f"the output of {display_path(job.source)} would be written over "
+                f"{display_path(job.output)}, a source"
+            )
+        if output in seen and seen[output] != job.source.resolve():
+            return (
+                f"{display_path(seen[output])} and {display_path(job.source)} would "
+                f"both write {display_path(job.output)}; convert them in separate "
+                "runs, or to separate output directories"
+            )
+        seen[output] = job.source.resolve()
+    return None
 
 
 def select(args: argparse.Namespace, config: Config) -> list[Job]:
@@ -506,6 +538,15 @@ def run_review(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     records = [record for outcome in reviewed for record in outcome.records]
     if args.html:
+        page = Path(args.html)
+        if page.is_dir() or any(_same_file(page, o.source) for o in reviewed):
+            what = "a directory" if page.is_dir() else "a source it reviews"
+            print(
+                f"s2sgrad: error: --html {args.html} is {what}; name a new file, "
+                "like review.html",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
         title = ", ".join(display_path(o.source) for o in reviewed)
         from s2sgrad.review.page import render_html
 
@@ -590,6 +631,15 @@ def _import_path(source: Path) -> object:
     return importlib.import_module(name)
 
 
+def _suffix(text: str) -> str:
+    from s2sgrad.config import suffix_problem
+
+    problem = suffix_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}, got {text!r}")
+    return text
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
@@ -613,7 +663,9 @@ def _engine_flags() -> argparse.ArgumentParser:
         help="line length of the generated code (default 88)",
     )
     flags.add_argument(
-        "--suffix", help="output module suffix: X.py -> X<SUFFIX>.py (default _grad)"
+        "--suffix",
+        type=_suffix,
+        help="output module suffix: X.py -> X<SUFFIX>.py (default _grad)",
     )
     flags.add_argument(
         "--compile",

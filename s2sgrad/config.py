@@ -178,6 +178,14 @@ def parse_table(table: object, path: Path, shown: str) -> Config:
     return Config(path=path, **values)
 
 
+def suffix_problem(suffix: str) -> str | None:
+    """What is wrong with `suffix` as the output module's suffix, or None: `X.py`
+    becomes `X<suffix>.py`, which must be an importable module and never `X.py`."""
+    if suffix and f"x{suffix}".isidentifier():
+        return None
+    return "must be a non-empty suffix of a module name, like '_grad'"
+
+
 def _checked(key: str, value: Any, shown: str) -> Any:
     """Check the value of `key` beyond its type."""
     problem = None
@@ -186,8 +194,8 @@ def _checked(key: str, value: Any, shown: str) -> Any:
         problem = f"must be one of {choices}"
     elif key == "line-length" and value < 1:
         problem = "must be a positive integer"
-    elif key == "suffix" and not (value and f"x{value}".isidentifier()):
-        problem = "must be a non-empty suffix of a module name, like '_grad'"
+    elif key == "suffix" and suffix_problem(value):
+        problem = suffix_problem(value)
     elif key == "output-dir" and not value:
         problem = "must name a directory"
     elif key == "compile" and not (isinstance(value, bool) or value == "strict"):

@@ -164,7 +164,12 @@ class ImportHook(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        suffix = (self.options or project_options(Path.cwd())).suffix
+        try:
+            suffix = (self.options or project_options(Path.cwd())).suffix
+        except ImportError:
+            if self.packages is not None and not self._near(fullname):
+                return None  # not the hook's to serve: a bad table breaks it not
+            raise
         if not fullname.endswith(suffix):
             return None
         source_name = fullname[: -len(suffix)]
@@ -189,6 +194,13 @@ class ImportHook(importlib.abc.MetaPathFinder):
         return spec_for(
             fullname, source, self.options or project_options(source.parent)
         )
+
+    def _near(self, fullname: str) -> bool:
+        """Whether `fullname` may be an output of a source in the packages: its
+        top-level name starts with one of theirs (`plain_grad` with `plain`), as a
+        suffix only lengthens the last name."""
+        top = fullname.partition(".")[0]
+        return any(top.startswith(p.partition(".")[0]) for p in self.packages or ())
 
     def _selected(self, source_name: str) -> bool:
         if self.packages is None:

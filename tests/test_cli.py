@@ -259,3 +259,40 @@ def test_a_closed_pipe_does_not_change_the_exit_code(tmp_path):
 
 def _gc_line(out: str) -> list[str]:
     return next(line.split()[1:] for line in out.splitlines() if line[:3] == "gc ")
+
+
+@pytest.mark.parametrize("suffix", ["", "-grad", ".py", "../evil", "/x"])
+def test_a_bad_suffix_flag_is_a_usage_error_and_leaves_the_source(tmp_path, suffix):
+    """An outside probe: `--suffix ""` wrote the generated module over its source
+    (exit 0); `../evil` was an internal error. The flag now gets the check the
+    `[tool.s2sgrad]` key has."""
+    (tmp_path / "ops.py").write_text(GOOD)
+    run = s2sgrad("convert", f"--suffix={suffix}", "ops.py", cwd=tmp_path)
+    assert run.returncode == 2 and "non-empty suffix" in run.stderr, run
+    assert (tmp_path / "ops.py").read_text() == GOOD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.py"]
+
+
+def test_two_sources_writing_one_output_is_an_error(tmp_path):
+    """`convert a/ops.py b/ops.py -o out` wrote out/ops_grad.py twice, the second
+    over the first, with exit 0."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "ops.py").write_text(GOOD)
+    for workers in ("1", "2"):
+        run = s2sgrad(
+            "convert", "a/ops.py", "b/ops.py", "-o", "out", "-j", workers, cwd=tmp_path
+        )
+        assert run.returncode == 2, run
+        assert "would both write out/ops_grad.py" in run.stderr, run
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("target", ["ops.py", "."])
+def test_review_html_never_replaces_a_source_or_a_directory(tmp_path, target):
+    """`review ops.py --html ops.py` replaced the source with the page (exit 0); a
+    directory was an internal error."""
+    (tmp_path / "ops.py").write_text(GOOD)
+    run = s2sgrad("review", "ops.py", "--html", target, cwd=tmp_path)
+    assert run.returncode == 2 and "--html" in run.stderr, run
+    assert (tmp_path / "ops.py").read_text() == GOOD

@@ -525,3 +525,26 @@ def test_run_module_like_python_dash_m(tmp_path):
     run = python("-m", "s2sgrad", "run", "-m", "pkg.main", "-y", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stdout == f"__main__ [{str(tmp_path / 'pkg' / 'main.py')!r}, '-y'] 9\n"
+
+
+def test_a_bad_table_does_not_break_imports_outside_the_packages(tmp_path):
+    """An outside probe: with the hook installed, a typo in `[tool.s2sgrad]` of the
+    working directory made every import fail, `import decimal` too. Only imports
+    the hook may serve read the table now."""
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "p"\n[tool.s2sgrad]\nline-lenght = 70\n'
+    )
+    probe = (
+        "import s2sgrad\n"
+        "s2sgrad.install_import_hook(['pkg'])\n"
+        "import decimal\n"
+        "try:\n"
+        "    import pkg.ops_grad\n"
+        "except ImportError as error:\n"
+        "    print('refused:', error)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run
+    assert "refused:" in run.stdout and "line-lenght" in run.stdout, run
