@@ -197,7 +197,8 @@ def up_to_date_output(job: Job, config: Config) -> Outcome | None:
         text = read_source(job.source, shown)
     except s2sgrad.TransformError as exc:
         return Failed(job.source, exc.diagnostics)
-    if up_to_date(on_disk, shown, text, config.options_key()):
+    module = module_name(job.source)
+    if up_to_date(on_disk, shown, text, config.options_key(), module):
         return Converted(job.source, job.output, on_disk)
     return None
 
@@ -228,6 +229,21 @@ def read_source(source: Path, shown: str) -> str:
             [s2sgrad.Diagnostic("S2S004", f"cannot read: {exc.strerror}", shown, 1, 1)]
         ) from None
     return decode_source(data, shown)
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why `path` cannot be written (None: it may be): checked for every output
+    before any is written, so that a run that cannot finish writes nothing."""
+    if path.is_dir():
+        return "it is a directory"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{display_path(folder)} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{display_path(folder)} is not writable"
+    return None
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -460,11 +476,30 @@ def run_convert(args: argparse.Namespace) -> int:
     if args.check or args.diff:
         changed = report_changes(args, converted, show_diff=args.diff)
         return EXIT_CHANGED if orphans else changed
+    writes = [o for o in converted if _read_text(o.output) != o.text]
+    blocked = [
+        f"{display_path(o.output)}: {problem}"
+        for o in writes
+        if (problem := _unwritable(o.output))
+    ]
+    if blocked:
+        for line in blocked:
+            print(f"s2sgrad: error: cannot write {line}", file=sys.stderr)
+        print("s2sgrad: nothing written", file=sys.stderr)
+        return EXIT_ERROR
     for outcome in converted:
-        if _read_text(outcome.output) == outcome.text:
+        if outcome not in writes:
             say(args, f"unchanged {display_path(outcome.output)}")
             continue
-        write_atomic(outcome.output, outcome.text)
+        try:
+            write_atomic(outcome.output, outcome.text)
+        except OSError as exc:
+            print(
+                f"s2sgrad: error: cannot write {display_path(outcome.output)}: "
+                f"{exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
         say(args, f"wrote {display_path(outcome.output)}")
     lines = sum(o.text.count("\n") for o in converted)
     say(args, f"s2sgrad: {len(converted)} file(s), {lines} generated lines", 1)
@@ -550,7 +585,14 @@ def run_review(args: argparse.Namespace) -> int:
         title = ", ".join(display_path(o.source) for o in reviewed)
         from s2sgrad.review.page import render_html
 
-        write_atomic(Path(args.html), render_html(records, title))
+        try:
+            write_atomic(page, render_html(records, title))
+        except OSError as exc:
+            print(
+                f"s2sgrad: error: cannot write {args.html}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
         say(args, f"wrote {display_path(Path(args.html))}")
         return EXIT_OK
     import shutil

@@ -296,3 +296,53 @@ def test_review_html_never_replaces_a_source_or_a_directory(tmp_path, target):
     run = s2sgrad("review", "ops.py", "--html", target, cwd=tmp_path)
     assert run.returncode == 2 and "--html" in run.stderr, run
     assert (tmp_path / "ops.py").read_text() == GOOD
+
+
+@pytest.mark.parametrize("path", ["pkg/my-ops.py", "class/ops.py", "sp ace/ops.py"])
+def test_a_source_no_import_can_name_is_s2s115_when_it_has_helpers(tmp_path, path):
+    """An outside probe: a file or package named `my-ops`, `class` or `sp ace` was an
+    internal error (the generated `from pkg.my-ops import K` did not parse)."""
+    source = tmp_path / path
+    source.parent.mkdir()
+    (source.parent / "__init__.py").write_text("")
+    helper = GOOD.replace("2.0 * grad", "K * grad").replace("x * x", "x * x * K / 2.0")
+    source.write_text(helper + "\n\nK = 2.0\n")
+    run = s2sgrad("convert", path, cwd=tmp_path)
+    assert run.returncode == 2 and "S2S115" in run.stderr, run
+    assert "rename the file and its packages" in run.stderr, run
+    assert not source.with_name(source.stem + "_grad.py").exists()
+
+
+def test_an_output_that_cannot_be_written_is_an_error_and_nothing_is_written(tmp_path):
+    """An outside probe: an output path that is a directory, or `-o` naming a file,
+    was an internal error after the other outputs were written."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "ops.py").write_text(GOOD)
+    (tmp_path / "b" / "ops_grad.py").mkdir()
+    run = s2sgrad("convert", "a/ops.py", "b/ops.py", cwd=tmp_path)
+    assert run.returncode == 2, run
+    assert "cannot write b/ops_grad.py: it is a directory" in run.stderr, run
+    assert "internal error" not in run.stderr
+    assert not (tmp_path / "a" / "ops_grad.py").exists()
+    (tmp_path / "file").write_text("")
+    run = s2sgrad("convert", "a/ops.py", "-o", "file", cwd=tmp_path)
+    assert run.returncode == 2 and "file is not a directory" in run.stderr, run
+    assert (tmp_path / "file").read_text() == ""
+
+
+def test_check_sees_a_source_that_moved_into_a_package(tmp_path):
+    """An outside probe: `--check` answered "up to date" after `src/__init__.py` made
+    the source `src.ops` (its output imports the source's names from it), while
+    `--diff` showed the changed import."""
+    (tmp_path / "src").mkdir()
+    source = GOOD.replace("2.0 * grad", "K * grad").replace("x * x", "x * x * K / 2.0")
+    (tmp_path / "src" / "ops.py").write_text(source + "\n\nK = 2.0\n")
+    assert s2sgrad("convert", "src/ops.py", cwd=tmp_path).returncode == 0
+    assert s2sgrad("convert", "--check", "src/ops.py", cwd=tmp_path).returncode == 0
+    (tmp_path / "src" / "__init__.py").write_text("")
+    run = s2sgrad("convert", "--check", "src/ops.py", cwd=tmp_path)
+    assert run.returncode == 1, run
+    assert s2sgrad("convert", "src/ops.py", cwd=tmp_path).returncode == 0
+    assert "from src.ops import K" in (tmp_path / "src" / "ops_grad.py").read_text()
+    assert s2sgrad("convert", "--check", "src/ops.py", cwd=tmp_path).returncode == 0

@@ -20,7 +20,7 @@ from s2sgrad.codegen import types
 from s2sgrad.codegen.emit import emit
 from s2sgrad.codegen.fmt import cut, definition_starts, format_pieces, pieces
 from s2sgrad.codegen.guard import check_generated
-from s2sgrad.codegen.imports import import_block, name_key
+from s2sgrad.codegen.imports import import_block, importable, name_key
 from s2sgrad.codegen.standalone import runtime
 from s2sgrad.cst import as_compound_or_line, bound, module, nodes
 from s2sgrad.diagnostics import Diagnostic, TransformError
@@ -166,9 +166,10 @@ def assemble(
         pieces(cut(head, definition_starts(head))), options.line_length
     )
     formatted = "\n\n".join([*head_pieces, *(p for x in parts for p in x.pieces)])
-    text = (
-        header(origin.display_path, parsed.source, options.key(), formatted) + formatted
+    top = header(
+        origin.display_path, parsed.source, options.key(), formatted, origin.module_name
     )
+    text = top + formatted
     check_generated(text, options.line_length)
     return text
 
@@ -281,6 +282,12 @@ def _imports(
         )
     except ValueError:
         first = sources[0]
+        hint = "convert a file on disk, inside a package or on sys.path"
+        if origin.module_name is not None and not importable(origin.module_name):
+            hint = (
+                f"no import statement can name `{origin.module_name}`: rename the "
+                "file and its packages to Python identifiers"
+            )
         raise TransformError(
             [
                 Diagnostic(
@@ -291,7 +298,7 @@ def _imports(
                     first.first_line,
                     1,
                     "",
-                    "convert a file on disk, inside a package or on sys.path",
+                    hint,
                 ),
             ]
         ) from None

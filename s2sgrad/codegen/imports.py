@@ -8,6 +8,7 @@ source module, `from <source module> import name` so they are the very same obje
 
 from __future__ import annotations
 
+import keyword
 import sys
 from collections.abc import Iterable, Mapping
 
@@ -30,6 +31,14 @@ def absolute(code: str, module_name: str | None) -> str:
     return f"from {base} import {names}"
 
 
+def importable(dotted: str) -> bool:
+    """Whether `import <dotted>` can be written: identifiers, no keywords."""
+    return all(
+        part.isidentifier() and not keyword.iskeyword(part)
+        for part in dotted.split(".")
+    )
+
+
 def import_block(
     used: Iterable[str],
     globals_: Mapping[str, GlobalName],
@@ -43,6 +52,8 @@ def import_block(
     library, third-party packages, then the source module's own package; within each,
     `import x` lines before `from x import y` lines, one line per module.
     """
+    if module_name is not None and not importable(module_name):
+        module_name = None  # `my-ops`, `class.ops`: no import statement can name it
     plain: set[str] = set()
     froms: dict[str, set[str]] = {}
     lines_in = [*extra]
