@@ -807,3 +807,32 @@ def f(x: torch.Tensor):
     forward = text[text.index("def f_forward") : text.index("def f_recompute")]
     assert "_helper" not in forward, forward
     _check(closures, generated, "f", [_r(3, 4)])
+
+
+def test_a_number_returned_as_a_tensors_gradient_is_refused(tmp_path):
+    """An outside probe: `return g * (1 - t * t), 0` converted, and autograd raised
+    "expected Variable or None (got int)" on every call where w required grad. A
+    number is still fine where the parameter is a number (its gradient is dropped)."""
+    from s2sgrad import transform
+    from s2sgrad.diagnostics import TransformError
+
+    source = HEAD + """
+def f(x, w):
+    t = torch.tanh(x * w)
+    def backward(g):
+        return g * (1 - t * t) * w, 0
+    return t, backward
+"""
+    with pytest.raises(TransformError) as caught:
+        transform(source, "m.py", "m")
+    first = caught.value.diagnostics[0]
+    assert (first.code, first.line, first.column) == ("S2S108", 8, 37), first
+    assert "the number `0` as the gradient of `w`" in first.message
+    number = HEAD + """
+def f(x, n: int = 2):
+    def backward(g):
+        return g * n, 0
+    return x * n, backward
+"""
+    closures, generated = import_pair(tmp_path, number, "number_gradient")
+    _check(closures, generated, "f", [_r(3, 4)])

@@ -544,6 +544,34 @@ def _check_gradient_count(
                 )
             )
             continue
+        entries = (
+            [e.value for e in value.elements]
+            if isinstance(value, (cst.Tuple, cst.List)) and listed
+            else [value] if n_params == 1 and value is not None else []
+        )
+        numbers = (
+            [
+                (param, entry)
+                for param, entry in zip(names_of(params), entries, strict=True)
+                if _number_literal(entry) and not _number_param(param)
+            ]
+            if len(entries) == n_params
+            else []
+        )  # else the count's own error, below
+        if numbers:
+            param, entry = numbers[0]
+            shown = cst.Module([]).code_for_node(entry)
+            found.append(
+                loc.error(
+                    "S2S108",
+                    entry,
+                    f"`{bname}` returns the number `{shown}` as the gradient of "
+                    f"`{param.name.value}`: autograd takes a tensor or None there",
+                    "return None where there is no gradient, or a tensor "
+                    f"(`torch.zeros_like({param.name.value})`)",
+                )
+            )
+            continue
         if (
             isinstance(value, (cst.Tuple, cst.List))
             and listed
@@ -572,6 +600,24 @@ def _check_gradient_count(
                 )
             )
     return found
+
+
+def _number_literal(node: cst.BaseExpression) -> bool:
+    """`0`, `0.0`, `-1`: a number written where a gradient goes."""
+    if isinstance(node, cst.UnaryOperation):
+        node = node.expression
+    return isinstance(node, (cst.Integer, cst.Float, cst.Imaginary))
+
+
+def _number_param(param: cst.Param) -> bool:
+    """A parameter that is a Python number: annotated as one, or, unannotated, with a
+    number for its default. Its gradient is never handed to autograd."""
+    if param.annotation is not None:
+        return m.matches(
+            param.annotation.annotation,
+            m.Name("int") | m.Name("float") | m.Name("bool") | m.Name("complex"),
+        )
+    return param.default is not None and _number_literal(param.default)
 
 
 def _bound_to_sequences(bw: cst.FunctionDef) -> set[str]:
