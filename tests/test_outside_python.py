@@ -836,3 +836,35 @@ def f(x, n: int = 2):
 """
     closures, generated = import_pair(tmp_path, number, "number_gradient")
     _check(closures, generated, "f", [_r(3, 4)])
+
+
+def test_a_no_grad_block_recomputed_keeps_only_what_backward_reads(tmp_path):
+    """An outside probe: `s`, bound in a `with torch.no_grad():` block beside `m`,
+    was recomputed with the whole block, `m = ...` included, which nothing read
+    (ruff F841). Orders 1-3 stay right."""
+    import subprocess
+    import sys
+
+    source = HEAD + """
+def f(x, w):
+    z = x * w
+    with torch.no_grad():
+        m = (z > 0).to(z.dtype)
+        s = z.abs().max()
+    out = z * m * s
+    def backward(g):
+        d = g * m * s
+        return d * w, d * x
+    return out, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "no_grad_block")
+    text = (tmp_path / "no_grad_block_grad.py").read_text()
+    recompute = text[text.index("def f_recompute") : text.index("class ")]
+    assert "m = " not in recompute and "s = z.abs().max()" in recompute, recompute
+    run = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
+         "--select", "F", str(tmp_path / "no_grad_block_grad.py")],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stdout
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])

@@ -206,10 +206,65 @@ def recompute_def(
     return cst.FunctionDef(
         name=cst.Name(plan.function),
         params=params,
-        body=cst.IndentedBlock([_doc(doc), *plan.statements, ret]),
+        body=cst.IndentedBlock(
+            [_doc(doc), *_blocks_trimmed(plan.statements, names_read(ret)), ret]
+        ),
         returns=cst.Annotation(cst.parse_expression("Any")),
         leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
     )
+
+
+def _blocks_trimmed(
+    statements: Sequence[cst.BaseStatement], live: set[str]
+) -> list[cst.BaseStatement]:
+    """`statements`, each `with` block (`with torch.no_grad():`, which recomputation
+    keeps whole) without the assignments nothing after it reads: `m = ...` beside
+    the `s = ...` backward recomputes was a name assigned and never read. Only an
+    assignment of a value whose calls change nothing goes (no `x.add_(...)`)."""
+    kept: list[cst.BaseStatement] = []
+    for statement in reversed(statements):
+        if isinstance(statement, cst.With) and isinstance(
+            statement.body, cst.IndentedBlock
+        ):
+            body = _dead_dropped(list(statement.body.body), set(live))
+            block = body or [cst.SimpleStatementLine([cst.Pass()])]
+            statement = statement.with_changes(
+                body=statement.body.with_changes(body=block)
+            )
+        live = live | names_read(statement)
+        kept.append(statement)
+    return kept[::-1]
+
+
+def _dead_dropped(
+    statements: list[cst.BaseStatement], live: set[str]
+) -> list[cst.BaseStatement]:
+    kept: list[cst.BaseStatement] = []
+    for statement in reversed(statements):
+        targets = _assigned(statement)
+        if targets and not targets & live and not _changes_something(statement):
+            continue
+        live = live | names_read(statement)
+        kept.append(statement)
+    return kept[::-1]
+
+
+def _changes_something(statement: cst.CSTNode) -> bool:
+    """Whether a call in `statement` may change its arguments or its receiver: an
+    in-place method (`add_`), or any call of a plain name (a helper)."""
+    for node in nodes(statement):
+        if not isinstance(node, cst.Call):
+            continue
+        func = node.func
+        if isinstance(func, cst.Attribute) and not func.attr.value.endswith("_"):
+            continue
+        if isinstance(func, cst.Name) and func.value in _PURE_BUILTINS:
+            continue
+        return True
+    return False
+
+
+_PURE_BUILTINS = frozenset({"float", "int", "len", "max", "min", "abs", "bool"})
 
 
 def _recompute_types(record: Differentiated, plan: Recompute) -> list[str]:
