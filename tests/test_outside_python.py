@@ -868,3 +868,80 @@ def f(x, w):
     )
     assert run.returncode == 0, run.stdout
     _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
+
+
+NESTED_HELPERS = HEAD + """
+def bwd_def(x, w):
+    t = torch.tanh(x * w)
+    def backward(g):
+        def dt(v):
+            return 1 - v * v
+        d = g * dt(t)
+        return d * w, d * x
+    return t, backward
+
+
+def fwd_def(x, alpha: float = 2.0):
+    def act(v, *, k=1.0):
+        return torch.tanh(v) * alpha * k
+    y = act(x)
+    def backward(g):
+        return g * alpha * (1 - torch.tanh(x) ** 2), None
+    return y, backward
+
+
+def fwd_lambda(x, w):
+    act = lambda v: torch.sin(v)
+    y = act(x * w)
+    def backward(g):
+        c = torch.cos(x * w)
+        sq = lambda v: v * c
+        return sq(g) * w, sq(g) * x
+    return y, backward
+"""
+
+
+@pytest.mark.parametrize("fn", ["bwd_def", "fwd_def", "fwd_lambda"])
+def test_helpers_defined_inside_forward_or_backward(tmp_path, fn):
+    """An outside probe: a `def` or an assigned lambda inside forward or backward
+    was copied untyped, and mypy --strict refused the module (no-untyped-def,
+    no-untyped-call; the lambda also ruff's E731). They are typed `Any` now, the
+    lambda written as a `def`."""
+    closures, generated = import_pair(tmp_path, NESTED_HELPERS, "nested_helpers")
+    values = [_r(3, 4), _r(4, seed=1)] if fn != "fwd_def" else [_r(3, 4)]
+    _check(closures, generated, fn, values)
+    if fn == "bwd_def":
+        text = (tmp_path / "nested_helpers_grad.py").read_text()
+        assert mypy_strict(tmp_path, "nested_helpers_grad.py", text) == ""
+        assert " = lambda" not in text
+
+
+UNTYPED_HELPER = HEAD + """
+def _act(x):
+    return torch.tanh(x)
+
+
+def f(x, w):
+    t = _act(x * w)
+    a, b = t.split([1, 3], dim=1)
+    def backward(g):
+        gt = g * (1.0 - t * t)
+        return gt * w, (gt * x).sum(0)
+    return t * 1.0, backward
+"""
+
+
+def test_calls_of_untyped_functions_pass_mypy_strict(tmp_path):
+    """An outside probe: the generated module called the user's untyped helper
+    (and torch's untyped `Tensor.split`), and mypy --strict refused it
+    (no-untyped-call). Such a module turns that one check off, in mypy's own
+    inline configuration; a module that calls none keeps it."""
+    closures, generated = import_pair(tmp_path, UNTYPED_HELPER, "untyped_helper")
+    text = (tmp_path / "untyped_helper_grad.py").read_text()
+    assert text.splitlines()[3] == '# mypy: disable-error-code="no-untyped-call"'
+    assert mypy_strict(tmp_path, "untyped_helper_grad.py", text) == ""
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
+    typed = UNTYPED_HELPER.replace("def _act(x):", "def _act(x: torch.Tensor) -> torch.Tensor:")
+    typed = typed.replace("    a, b = t.split([1, 3], dim=1)\n", "")
+    import_pair(tmp_path, typed, "typed_helper")
+    assert "mypy:" not in (tmp_path / "typed_helper_grad.py").read_text()

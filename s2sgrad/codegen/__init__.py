@@ -8,6 +8,7 @@ text is a pure function of those inputs: no timestamps, absolute paths or set or
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -135,6 +136,33 @@ def part(layout: Layout, records: Sequence[Differentiated]) -> Part:
     )
 
 
+#: mypy's inline configuration, where the generated code calls a function without
+#: annotations (the user's helper, or one of torch's few, `Tensor.split`): mypy
+#: --strict refuses such a call in typed code, and the code is not s2sgrad's to type.
+_UNTYPED_CALLS = '# mypy: disable-error-code="no-untyped-call"'
+#: torch's Tensor methods that torch leaves without annotations (torch 2.13).
+_UNTYPED_METHOD = re.compile(r"\.(split|unique|unique_consecutive|unflatten|lu)\(")
+
+
+def _calls_untyped(parsed: ParsedModule, used: set[str], parts: Sequence[Part]) -> bool:
+    """Whether the generated code calls a helper of the source module that has no
+    annotation at all (what mypy calls untyped), or an untyped Tensor method."""
+    for name in used:
+        helper = parsed.helpers.get(name)
+        if helper is not None and _untyped(helper.node):
+            return True
+    return any(_UNTYPED_METHOD.search(piece) for p in parts for piece in p.pieces)
+
+
+def _untyped(function: cst.FunctionDef) -> bool:
+    params = function.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    every += [
+        p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)
+    ]
+    return function.returns is None and all(p.annotation is None for p in every)
+
+
 def assemble(
     parsed: ParsedModule,
     sources: Sequence[Differentiator],
@@ -159,6 +187,8 @@ def assemble(
         before = f"{check}\n\n\n"
     math = any(p.math for p in parts)
     imports = _imports(parsed, sources, origin, used, read, runtime_imports, math)
+    if _calls_untyped(parsed, set(used) & read, parts):
+        imports = [_UNTYPED_CALLS, *imports]
     head = "\n".join(imports) + "\n\n" + before
     # The head (imports, the runtime's copy) is cut where `ast` finds its
     # definitions; the parts were cut where they were written.

@@ -76,6 +76,9 @@ def emit(
     if called:
         rename = _SiblingCalls({s: Names.of(s) for s in called})
         definitions = [as_statement(d.visit(rename)) for d in definitions]
+    helpers = (cst.FunctionDef, cst.Lambda)
+    if any(isinstance(n, helpers) for d in definitions for n in nodes(d)[1:]):
+        definitions = [as_statement(d.visit(_TypedHelpers())) for d in definitions]
     pair = (names.forward, names.backward)
     if compiled:
         strict = ", strict=True" if compiled == "strict" else ""
@@ -211,6 +214,77 @@ def recompute_def(
         ),
         returns=cst.Annotation(cst.parse_expression("Any")),
         leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
+    )
+
+
+class _TypedHelpers(cst.CSTTransformer):
+    """Type the functions the user's code defines inside the generated ones, as
+    mypy --strict wants them: an unannotated parameter or return is `Any` (the
+    nested closure backward keeps is typed so already), and `act = lambda v: ...`,
+    which no annotation reaches (and ruff's E731 flags), is written as the `def` it
+    stands for."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.depth += 1
+
+    def leave_FunctionDef(
+        self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
+    ) -> cst.FunctionDef:
+        self.depth -= 1
+        if self.depth == 0:
+            return updated_node
+        return updated_node.with_changes(
+            params=_any_params(updated_node.params),
+            returns=updated_node.returns or cst.Annotation(cst.Name("Any")),
+        )
+
+    def leave_SimpleStatementLine(
+        self,
+        original_node: cst.SimpleStatementLine,
+        updated_node: cst.SimpleStatementLine,
+    ) -> cst.BaseStatement:
+        if self.depth == 0 or len(updated_node.body) != 1:
+            return updated_node
+        small = updated_node.body[0]
+        if not (
+            isinstance(small, cst.Assign)
+            and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+            and isinstance(small.value, cst.Lambda)
+        ):
+            return updated_node
+        return cst.FunctionDef(
+            name=small.targets[0].target,
+            params=_any_params(small.value.params),
+            body=cst.IndentedBlock(
+                [cst.SimpleStatementLine([cst.Return(small.value.body)])]
+            ),
+            returns=cst.Annotation(cst.Name("Any")),
+            leading_lines=updated_node.leading_lines,
+        )
+
+
+def _any_params(params: cst.Parameters) -> cst.Parameters:
+    """`params`, each without an annotation annotated `Any`."""
+
+    def typed(param: cst.Param) -> cst.Param:
+        if param.annotation is not None:
+            return param
+        return param.with_changes(
+            annotation=cst.Annotation(cst.Name("Any")),
+            whitespace_after_param=cst.SimpleWhitespace(""),
+        )
+
+    star_arg = params.star_arg
+    return params.with_changes(
+        posonly_params=[typed(p) for p in params.posonly_params],
+        params=[typed(p) for p in params.params],
+        kwonly_params=[typed(p) for p in params.kwonly_params],
+        star_arg=typed(star_arg) if isinstance(star_arg, cst.Param) else star_arg,
+        star_kwarg=typed(params.star_kwarg) if params.star_kwarg else None,
     )
 
 
