@@ -198,3 +198,18 @@ def test_the_import_hook_serves_the_bytes_convert_writes(tmp_path):
     assert convert.returncode == 0, convert.stderr
     assert served == convert.stdout
     assert "def _apply(" in served  # standalone, from [tool.s2sgrad]
+
+
+def test_the_runtime_is_cut_as_ast_reads_it():
+    """`standalone._segment` stands in for `ast.get_source_segment` (which splits the
+    whole text again at each call): the same text for every top-level statement of
+    the runtime."""
+    import ast
+    import importlib.resources
+
+    from s2sgrad.codegen.standalone import _segment
+
+    text = importlib.resources.files("s2sgrad").joinpath("runtime.py").read_text()
+    lines = text.splitlines()
+    for statement in ast.parse(text).body:
+        assert _segment(lines, statement) == ast.get_source_segment(text, statement)

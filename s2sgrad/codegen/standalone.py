@@ -88,7 +88,7 @@ def cut(text: str) -> Runtime:
                 isinstance(statement, ast.ImportFrom)
                 and statement.module == "__future__"
             ):
-                code = ast.get_source_segment(text, statement) or ""
+                code = _segment(lines, statement)
                 for alias in statement.names:
                     imports[(alias.asname or alias.name).split(".")[0]] = code
             continue
@@ -97,6 +97,20 @@ def cut(text: str) -> Runtime:
         code = "\n".join(lines[above:end])
         parts.append(_Part(code, _defines(statement), _reads(statement)))
     return Runtime(imports, tuple(parts))
+
+
+def _segment(lines: list[str], node: ast.stmt) -> str:
+    """`ast.get_source_segment` of `node`, from the text's lines: that function
+    splits the whole text again at each call (most of the cost of cutting the
+    runtime, once per conversion). The runtime's import lines are ASCII, where
+    ast's byte offsets are the column."""
+    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
+    start, end = node.col_offset, node.end_col_offset
+    if first == last:
+        return lines[first][start:end]
+    return "\n".join(
+        [lines[first][start:], *lines[first + 1 : last], lines[last][:end]]
+    )
 
 
 def _comments_above(lines: list[str], previous: int, start: int) -> int:
