@@ -14,6 +14,7 @@ recorded from one `visit` of a node of that class.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -173,10 +174,27 @@ def dotted(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.Name)
 
 
+def _leaf_classes(base: type) -> frozenset[type]:
+    """The classes of the nodes that are `base`s: `type(n) in` them is `isinstance(n,
+    base)` without ABCMeta's check, which hot loops over every node pay for."""
+    found: set[type] = set()
+    todo = [base]
+    while todo:
+        kind = todo.pop()
+        todo += kind.__subclasses__()
+        if not inspect.isabstract(kind) and not kind.__name__.startswith("Base"):
+            found.add(kind)
+    return frozenset(found)
+
+
+STATEMENT_CLASSES = _leaf_classes(cst.BaseStatement)
+
+
 def spelled(*roots: cst.CSTNode) -> set[str]:
     """Every `Name` in the nodes, attribute names and keywords included: what
     `m.findall(node, m.Name())` finds, at a fraction of its cost."""
-    return {n.value for root in roots for n in nodes(root) if isinstance(n, cst.Name)}
+    # `type(n) is cst.Name`: a leaf class, and `isinstance` goes through ABCMeta.
+    return {n.value for root in roots for n in nodes(root) if type(n) is cst.Name}
 
 
 def name_counts(*roots: cst.CSTNode) -> dict[str, int]:
@@ -184,7 +202,7 @@ def name_counts(*roots: cst.CSTNode) -> dict[str, int]:
     counts: dict[str, int] = {}
     for root in roots:
         for node in nodes(root):
-            if isinstance(node, cst.Name):
+            if type(node) is cst.Name:
                 counts[node.value] = counts.get(node.value, 0) + 1
     return counts
 
@@ -278,11 +296,26 @@ def remembering() -> Iterator[None]:
         _REMEMBERED.reset(token)
 
 
+#: Per class of field value: whether it is a libcst node. `isinstance(value,
+#: cst.CSTNode)` goes through ABCMeta, and the walks below ask it of every field of
+#: every node (most of a module's reading); a dict lookup by class is a fraction.
+_IS_NODE: dict[type, bool] = {}
+
+
+def _is_node(value: object) -> bool:
+    """`isinstance(value, cst.CSTNode)`, learnt for `value`'s class."""
+    known = _IS_NODE[type(value)] = isinstance(value, cst.CSTNode)
+    return known
+
+
 def _gather(node: cst.CSTNode, found: list[cst.CSTNode]) -> None:
     found.append(node)
     for name in _fields(node).order:
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        known = _IS_NODE.get(type(value))
+        if known is None:
+            known = _is_node(value)
+        if known:
             _gather(value, found)
         elif isinstance(value, (tuple, list)):
             for child in value:
@@ -342,7 +375,10 @@ def _walk_methods(
     if visit is None or visit(visitor, node) is not False:
         for name in _fields(node).order:
             value = getattr(node, name)
-            if isinstance(value, cst.CSTNode):
+            known = _IS_NODE.get(type(value))
+            if known is None:
+                known = _is_node(value)
+            if known:
                 _walk_methods(value, visitor, methods)
             elif isinstance(value, (tuple, list)):
                 for child in value:
@@ -355,7 +391,10 @@ def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     if visitor.on_visit(node):
         for name in _fields(node).order:
             value = getattr(node, name)
-            if isinstance(value, cst.CSTNode):
+            known = _IS_NODE.get(type(value))
+            if known is None:
+                known = _is_node(value)
+            if known:
                 _walk(value, visitor)
             elif isinstance(value, (tuple, list)):
                 for child in value:
@@ -371,7 +410,10 @@ def _walk_attributes(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
             if value is None and name in layout.optional:
                 continue
             visitor.on_visit_attribute(node, name)
-            if isinstance(value, cst.CSTNode):
+            known = _IS_NODE.get(type(value))
+            if known is None:
+                known = _is_node(value)
+            if known:
                 _walk_attributes(value, visitor)
             elif isinstance(value, (tuple, list)):
                 for child in value:
@@ -414,6 +456,14 @@ def findall(root: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
     if not isinstance(matcher, m.BaseMatcherNode):
         raise TypeError(f"findall takes a node matcher, not {matcher!r}")
     kinds = _matched_types(matcher)
+    if kinds is not None and not any(k.__subclasses__() for k in kinds):
+        # Leaf classes: a set lookup by class, not `isinstance` through ABCMeta.
+        leaves = frozenset(kinds)
+        return [
+            node
+            for node in nodes(root)
+            if type(node) in leaves and m.matches(node, matcher)
+        ]
     return [
         node
         for node in nodes(root)

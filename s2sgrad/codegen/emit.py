@@ -76,8 +76,8 @@ def emit(
     if called:
         rename = _SiblingCalls({s: Names.of(s) for s in called})
         definitions = [as_statement(d.visit(rename)) for d in definitions]
-    helpers = (cst.FunctionDef, cst.Lambda)
-    if any(isinstance(n, helpers) for d in definitions for n in nodes(d)[1:]):
+    helpers = (cst.FunctionDef, cst.Lambda)  # leaf classes: no ABC `isinstance`
+    if any(type(n) in helpers for d in definitions for n in nodes(d)[1:]):
         definitions = [as_statement(d.visit(_TypedHelpers())) for d in definitions]
     pair = (names.forward, names.backward)
     if compiled:

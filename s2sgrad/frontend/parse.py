@@ -27,7 +27,7 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from s2sgrad.cst import as_statement, findall, nodes, walk
+from s2sgrad.cst import STATEMENT_CLASSES, as_statement, findall, nodes, walk
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import checks
 from s2sgrad.frontend.locate import Locator
@@ -762,9 +762,9 @@ def _build(
         p.name.value for p in (*backward.params.posonly_params, *backward.params.params)
     )
     nodes = walk.nodes
-    returns = [n for n in walk.inside(backward) if isinstance(n, cst.Return)]
+    returns = [n for n in walk.inside(backward) if type(n) is cst.Return]
     params = _params(forward, returns)
-    pragmas, problems = _pragmas([n for n in nodes if isinstance(n, cst.Comment)], loc)
+    pragmas, problems = _pragmas([n for n in nodes if type(n) is cst.Comment], loc)
     problems += _unflattened_containers(params, loc)
     if problems:
         return None, problems
@@ -795,7 +795,7 @@ def _build(
         statement_lines={
             n: analysis.positions[n].start.line
             for n in nodes
-            if isinstance(n, cst.BaseStatement) and n in analysis.positions
+            if type(n) in STATEMENT_CLASSES and n in analysis.positions
         },
         pragmas=pragmas,
         writes=facts.writes,
@@ -816,7 +816,7 @@ class _Collect(cst.CSTVisitor):
         self._open: list[cst.CSTNode] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.FunctionDef):
+        if type(node) is cst.FunctionDef:  # a leaf class: no ABC `isinstance`
             self.spans[node] = (len(self.nodes), -1)
         if self._open:
             self.parents[node] = self._open[-1]
@@ -826,7 +826,7 @@ class _Collect(cst.CSTVisitor):
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self._open.pop()
-        if isinstance(original_node, cst.FunctionDef):
+        if type(original_node) is cst.FunctionDef:
             self.spans[original_node] = (self.spans[original_node][0], len(self.nodes))
 
     def inside(self, function: cst.FunctionDef) -> list[cst.CSTNode]:
