@@ -236,6 +236,12 @@ def _unwritable(path: Path) -> str | None:
     before any is written, so that a run that cannot finish writes nothing."""
     if path.is_dir():
         return "it is a directory"
+    text = _read_text(path)
+    if text and generated_from(text) is None:
+        return (
+            "it exists, and s2sgrad did not write it (its first line is not an "
+            "s2sgrad header): move it away, or choose another --suffix"
+        )
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
