@@ -945,3 +945,67 @@ def test_calls_of_untyped_functions_pass_mypy_strict(tmp_path):
     typed = typed.replace("    a, b = t.split([1, 3], dim=1)\n", "")
     import_pair(tmp_path, typed, "typed_helper")
     assert "mypy:" not in (tmp_path / "typed_helper_grad.py").read_text()
+
+
+def test_requires_grad_read_in_backward_under_forward_mode(tmp_path):
+    """An outside probe: backward reading `x.requires_grad` (the
+    `ctx.needs_input_grad` idiom) gave forward mode an all-zero tangent (off by
+    1.5): forward mode runs backward's transpose, where an input being
+    differentiated does not say so itself. It reads `_requires_grad(x)`, as
+    forward does."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import jvp
+
+    source = HEAD + """
+def f(x, w):
+    y = torch.sin(x * w)
+    def backward(g):
+        c = g * torch.cos(x * w)
+        gx = c * w if x.requires_grad else None
+        gw = c * x if w.requires_grad else None
+        return gx, gw
+    return y, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "requires_grad_backward")
+    x, w = _r(3, 4), _r(4, seed=1)
+    t, tw = _r(3, 4, seed=2), _r(4, seed=3)
+    expected = jvp(lambda a, b: closures.f(a, b)[0], (x, w), (t, tw))[1]
+    torch.testing.assert_close(jvp(generated.f, (x, w), (t, tw))[1], expected)
+    with fwAD.dual_level():
+        out = generated.f(fwAD.make_dual(x, t), fwAD.make_dual(w, tw))
+        torch.testing.assert_close(fwAD.unpack_dual(out).tangent, expected)
+    for needs in ([True, True], [True, False], [False, True]):
+        _check(closures, generated, "f", [x, w], needs)
+
+
+INCOMING_CHANGED = {
+    "method": ("g.mul_(torch.cos(x * w))", "`g.mul_(...)` mutates the incoming gradient `g`"),
+    "augmented": ("g *= torch.cos(x * w)", "`g *= ...` changes the incoming gradient `g`"),
+    "store": ("g[0] = g[0] * 2.0", "the incoming gradient `g`"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INCOMING_CHANGED))
+def test_backward_changing_its_incoming_gradient_in_place_is_refused(case):
+    """An outside probe: `g.mul_(y)` in backward converted; autograd's gradient of a
+    `sum` is one number expanded, so the write crashed there, and elsewhere it
+    changed the caller's `grad_outputs`. Now S2S103 at the write; `g = g.clone()`
+    first is fine."""
+    from s2sgrad import transform
+    from s2sgrad.diagnostics import TransformError
+
+    write, said = INCOMING_CHANGED[case]
+    source = HEAD + f"""
+def f(x, w):
+    y = torch.sin(x * w)
+    def backward(g):
+        {write}
+        return g * w, g * x
+    return y, backward
+"""
+    with pytest.raises(TransformError) as caught:
+        transform(source, "m.py", "m")
+    first = caught.value.diagnostics[0]
+    assert (first.code, first.line) == ("S2S103", 8) and said in first.message, first
+    cloned = source.replace(f"        {write}\n", f"        g = g.clone()\n        {write}\n")
+    transform(cloned, "m.py", "m")

@@ -18,7 +18,7 @@ from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.function import function_class, op_def
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
-from s2sgrad.cst import as_statement, nodes
+from s2sgrad.cst import as_statement, bound, nodes
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Compile
 from s2sgrad.values import writes
@@ -160,6 +160,11 @@ class _RequiresGrad(cst.CSTTransformer):
         ):
             return cst.Call(cst.Name(REQUIRES_GRAD), [cst.Arg(value)])
         return updated_node
+
+
+def _rebound(backward: cst.FunctionDef) -> set[str]:
+    """Names backward binds itself (its parameters too): no longer forward's."""
+    return bound(backward.body) | {p.name.value for p in backward.params.params}
 
 
 class _SiblingCalls(cst.CSTTransformer):
@@ -472,7 +477,10 @@ def backward_def(
     if record.context:
         unpack = _targets([s.name for s in record.context])
         body.append(cst.parse_statement(f"{unpack} = {ctx}\n"))
-    body += gradients.statements
+    # `x.requires_grad` read in backward, as in forward: forward mode runs backward's
+    # transpose, where an input being differentiated does not say so itself.
+    flags = _RequiresGrad({p.name for p in diff.params} - _rebound(diff.backward))
+    body += [as_statement(s.visit(flags)) for s in gradients.statements]
     keywords = [(k, types.GRAD) for k in incoming]
     if gradients.needs:
         keywords.append((gradients.needs, types.NEEDS))

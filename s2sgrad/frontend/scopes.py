@@ -263,6 +263,7 @@ class ScopeAnalysis:
         )
         problems, writes = self._mutations(forward, hits, captures)
         found += problems
+        found += self._incoming_changed(backward, hits, finder.augmented)
         found.sort(key=lambda d: (d.line, d.column))
         ordered_globals = tuple(sorted(globals_used, key=lambda n: globals_used[n]))
         return ScopeFacts(
@@ -506,6 +507,51 @@ class ScopeAnalysis:
             message, hint = _describe(hit, what)
             found.append(self.loc.error("S2S103", hit.node, message, hint))
         return found, tuple(writes)
+
+    def _incoming_changed(
+        self,
+        backward: cst.FunctionDef,
+        hits: list[_Hit],
+        augmented: list[cst.AugAssign],
+    ) -> list[Diagnostic]:
+        """Diagnose an in-place change of an incoming gradient in backward (`g.mul_(y)`,
+        `g[m] = 0`, `g *= 2`): autograd hands backward a tensor it may share (the
+        gradient of a `sum` is one number, expanded), so the write fails there, and
+        otherwise changes the caller's `grad_outputs`. A backward that rebinds the
+        name (`g = g.clone()`) is not judged."""
+        incoming = {p.name.value for p in backward.params.params}
+        incoming -= {
+            t.value
+            for a in findall(backward.body, m.Assign())
+            if isinstance(a, cst.Assign)
+            for t in (x.target for x in a.targets)
+            if isinstance(t, cst.Name)
+        }
+        found = []
+        for hit in hits:
+            if hit.in_backward and hit.name in incoming and hit.kind != "container":
+                message, hint = _describe(hit, f"the incoming gradient `{hit.name}`")
+                found.append(self.loc.error("S2S103", hit.node, message, hint))
+        inside = set(nodes(backward))
+        for aug in augmented:
+            target = aug.target
+            if (
+                aug in inside
+                and isinstance(target, cst.Name)
+                and target.value in incoming
+            ):
+                op = _code(aug.operator).strip()[:-1]
+                found.append(
+                    self.loc.error(
+                        "S2S103",
+                        aug,
+                        f"`{target.value} {op}= ...` changes the incoming gradient "
+                        f"`{target.value}` in place",
+                        f"write `{target.value} = {target.value} {op} ...`, a new "
+                        "tensor",
+                    )
+                )
+        return found
 
 
 def _param_names(forward: cst.FunctionDef, params: set[str]) -> dict[str, str]:
@@ -989,8 +1035,6 @@ def _runs(iterable: cst.BaseExpression) -> bool:
     ]
     start, stop = (0, bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
     return stop > start
-
-
 
 
 def _positional_names(function: cst.FunctionDef) -> tuple[str, ...]:
