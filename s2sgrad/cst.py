@@ -190,6 +190,23 @@ def _leaf_classes(base: type) -> frozenset[type]:
 STATEMENT_CLASSES = _leaf_classes(cst.BaseStatement)
 
 
+class DepthTransformer(cst.CSTTransformer):
+    """A transformer that knows how many function definitions it is inside
+    (`depth`: 1 in a top-level function's body, 2 in a function nested in it)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.depth += 1
+
+    def leave_FunctionDef(
+        self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
+    ) -> cst.FunctionDef:
+        self.depth -= 1
+        return updated_node
+
+
 def spelled(*roots: cst.CSTNode) -> set[str]:
     """Every `Name` in the nodes, attribute names and keywords included: what
     `m.findall(node, m.Name())` finds, at a fraction of its cost."""

@@ -18,7 +18,7 @@ from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.function import function_class, op_def
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
-from s2sgrad.cst import as_statement, bound, nodes
+from s2sgrad.cst import DepthTransformer, as_statement, bound, nodes
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Compile
 from s2sgrad.values import writes
@@ -76,8 +76,7 @@ def emit(
     if called:
         rename = _SiblingCalls({s: Names.of(s) for s in called})
         definitions = [as_statement(d.visit(rename)) for d in definitions]
-    helpers = (cst.FunctionDef, cst.Lambda)  # leaf classes: no ABC `isinstance`
-    if any(type(n) in helpers for d in definitions for n in nodes(d)[1:]):
+    if _defines_helpers(record.source.forward):
         definitions = [as_statement(d.visit(_TypedHelpers())) for d in definitions]
     pair = (names.forward, names.backward)
     if compiled:
@@ -222,23 +221,30 @@ def recompute_def(
     )
 
 
-class _TypedHelpers(cst.CSTTransformer):
+def _defines_helpers(forward: cst.FunctionDef) -> bool:
+    """Whether the user's forward or backward define a function of their own: a
+    lambda, or a `def` besides backward (the source's nodes are walked once a
+    conversion; the generated ones would be walked again)."""
+    defs = 0
+    for node in nodes(forward)[1:]:
+        kind = type(node)  # leaf classes: no ABCMeta `isinstance`
+        if kind is cst.Lambda:
+            return True
+        defs += kind is cst.FunctionDef
+    return defs > 1
+
+
+class _TypedHelpers(DepthTransformer):
     """Type the functions the user's code defines inside the generated ones, as
     mypy --strict wants them: an unannotated parameter or return is `Any` (the
     nested closure backward keeps is typed so already), and `act = lambda v: ...`,
     which no annotation reaches (and ruff's E731 flags), is written as the `def` it
     stands for."""
 
-    def __init__(self) -> None:
-        self.depth = 0
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.depth += 1
-
     def leave_FunctionDef(
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
     ) -> cst.FunctionDef:
-        self.depth -= 1
+        updated_node = super().leave_FunctionDef(original_node, updated_node)
         if self.depth == 0:
             return updated_node
         return updated_node.with_changes(

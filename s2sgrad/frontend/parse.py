@@ -27,7 +27,14 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from s2sgrad.cst import STATEMENT_CLASSES, as_statement, findall, nodes, walk
+from s2sgrad.cst import (
+    STATEMENT_CLASSES,
+    DepthTransformer,
+    as_statement,
+    findall,
+    nodes,
+    walk,
+)
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend import checks
 from s2sgrad.frontend.locate import Locator
@@ -234,7 +241,7 @@ def _one_item_list(node: cst.BaseExpression | None) -> bool:
     )
 
 
-class _TupleReturns(cst.CSTTransformer):
+class _TupleReturns(DepthTransformer):
     """Spell `return (grad,) + (None,) * 3`, the idiom of hand-written Functions, as
     the tuple it makes, `return (grad, None, None, None)`, inside nested functions
     (backward). Only one-line returns of tuple literals joined by `+` and repeated by
@@ -246,17 +253,8 @@ class _TupleReturns(cst.CSTTransformer):
     gradient could not be told from a list of one (autograd takes no list)."""
 
     def __init__(self, lists: bool = False) -> None:
-        self.depth = 0
+        super().__init__()
         self.lists = lists
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.depth += 1
-
-    def leave_FunctionDef(
-        self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
-    ) -> cst.FunctionDef:
-        self.depth -= 1
-        return updated_node
 
     def leave_Return(
         self, original_node: cst.Return, updated_node: cst.Return
