@@ -231,12 +231,12 @@ def read_source(source: Path, shown: str) -> str:
     return decode_source(data, shown)
 
 
-def _unwritable(path: Path) -> str | None:
-    """Why `path` cannot be written (None: it may be): checked for every output
-    before any is written, so that a run that cannot finish writes nothing."""
+def _unwritable(path: Path, text: str | None) -> str | None:
+    """Why `path`, now holding `text` (None: no file read), cannot be written (None:
+    it may be): checked for every output before any is written, so that a run that
+    cannot finish writes nothing."""
     if path.is_dir():
         return "it is a directory"
-    text = _read_text(path)
     if text and generated_from(text) is None:
         return (
             "it exists, and s2sgrad did not write it (its first line is not an "
@@ -482,19 +482,19 @@ def run_convert(args: argparse.Namespace) -> int:
     if args.check or args.diff:
         changed = report_changes(args, converted, show_diff=args.diff)
         return EXIT_CHANGED if orphans else changed
-    writes = [o for o in converted if _read_text(o.output) != o.text]
+    on_disk = [_read_text(o.output) for o in converted]
     blocked = [
         f"{display_path(o.output)}: {problem}"
-        for o in writes
-        if (problem := _unwritable(o.output))
+        for o, text in zip(converted, on_disk, strict=True)
+        if text != o.text and (problem := _unwritable(o.output, text))
     ]
     if blocked:
         for line in blocked:
             print(f"s2sgrad: error: cannot write {line}", file=sys.stderr)
         print("s2sgrad: nothing written", file=sys.stderr)
         return EXIT_ERROR
-    for outcome in converted:
-        if outcome not in writes:
+    for outcome, text in zip(converted, on_disk, strict=True):
+        if text == outcome.text:
             say(args, f"unchanged {display_path(outcome.output)}")
             continue
         try:
