@@ -31,6 +31,16 @@ def _r(*shape, seed=0):
     return torch.randn(*shape, generator=gen, dtype=F64) * 0.5 + 0.1
 
 
+def _refused(source):
+    """The first diagnostic of converting `source`, which must be refused."""
+    from s2sgrad import transform
+    from s2sgrad.diagnostics import TransformError
+
+    with pytest.raises(TransformError) as caught:
+        transform(source, "m.py", "m")
+    return caught.value.diagnostics[0]
+
+
 def _check(closures, generated, fn, values, needs=None):
     """Orders 1-3 of `fn` against the closure's forward; `needs` says which inputs
     require grad (all by default): the others are passed as plain tensors."""
@@ -333,8 +343,6 @@ GRAD_MODE_CALLS = [
 def test_grad_mode_set_by_a_call_is_refused(call):
     """The closure's autograd took `c` for a constant; reverse mode took it for a
     differentiable temporary, and orders 2-3 were silently wrong."""
-    from s2sgrad import transform
-    from s2sgrad.diagnostics import TransformError
 
     source = HEAD + f"""
 def f(x, w):
@@ -348,9 +356,7 @@ def f(x, w):
         return gu * w, gu * x
     return h * h, backward
 """
-    with pytest.raises(TransformError) as caught:
-        transform(source, "m.py", "m")
-    first = caught.value.diagnostics[0]
+    first = _refused(source)
     assert (first.code, first.line, first.column) == ("S2S126", 7, 5)
 
 
@@ -483,12 +489,7 @@ def f(x, w):
 def test_a_helper_filling_a_container_forward_made_is_refused(case):
     """The recomputation dropped `_push(acc, ...)` (order 1 wrong), or the filled
     dict was saved as a constant (order 2 wrong): S2S129, at the argument."""
-    from s2sgrad import transform
-    from s2sgrad.diagnostics import TransformError
-
-    with pytest.raises(TransformError) as caught:
-        transform(HEAD + FILLED_BY_A_HELPER[case], "m.py", "m")
-    first = caught.value.diagnostics[0]
+    first = _refused(HEAD + FILLED_BY_A_HELPER[case])
     assert first.code == "S2S129"
     assert "helper" in first.message
 
@@ -496,8 +497,6 @@ def test_a_helper_filling_a_container_forward_made_is_refused(case):
 def test_a_forward_local_named_like_a_runtime_helper_is_refused():
     """`_accumulate = torch.exp(...)` hid the runtime's `_accumulate` in the
     generated backward: every call crashed."""
-    from s2sgrad import transform
-    from s2sgrad.diagnostics import TransformError
 
     source = HEAD + """
 def f(x, w):
@@ -506,9 +505,7 @@ def f(x, w):
         return g * _accumulate * w, g * _accumulate * x
     return _accumulate * 1.0, backward
 """
-    with pytest.raises(TransformError) as caught:
-        transform(source, "m.py", "m")
-    assert caught.value.diagnostics[0].code == "S2S114"
+    assert _refused(source).code == "S2S114"
 
 
 LOOP_RECOMPUTED = {
@@ -588,12 +585,7 @@ def f(x, w):
 def test_backward_calling_a_function_that_closes_over_a_temporary_is_refused(case):
     """The function travelled to backward as an object with `c` inside it, never
     promoted nor recomputed: order 2 silently lost `c`'s dependence on x and w."""
-    from s2sgrad import transform
-    from s2sgrad.diagnostics import TransformError
-
-    with pytest.raises(TransformError) as caught:
-        transform(HEAD + CLOSED_OVER[case], "m.py", "m")
-    first = caught.value.diagnostics[0]
+    first = _refused(HEAD + CLOSED_OVER[case])
     assert first.code == "S2S129" and "`c`" in first.message
 
 
@@ -649,12 +641,7 @@ def f(x, w):
 def test_a_named_tuple_output_is_refused(case):
     """The op returned a plain tuple (no `.values`) and gave backward a list: every
     backward crashed. Now S2S124, which says to return its fields."""
-    from s2sgrad import transform
-    from s2sgrad.diagnostics import TransformError
-
-    with pytest.raises(TransformError) as caught:
-        transform(HEAD + NAMED_TUPLE_OUTPUTS[case], "m.py", "m")
-    first = caught.value.diagnostics[0]
+    first = _refused(HEAD + NAMED_TUPLE_OUTPUTS[case])
     assert first.code == "S2S124" and "named tuple" in first.message
 
 
@@ -771,8 +758,6 @@ def test_one_parameter_module_passes_mypy_strict(tmp_path):
 
 
 def test_one_parameter_returning_a_name_bound_to_a_list_is_refused():
-    from s2sgrad import transform
-    from s2sgrad.diagnostics import TransformError
 
     source = HEAD + """
 def f(x):
@@ -781,9 +766,7 @@ def f(x):
         return gs
     return x * 2.0, backward
 """
-    with pytest.raises(TransformError) as caught:
-        transform(source, "m.py", "m")
-    first = caught.value.diagnostics[0]
+    first = _refused(source)
     assert (first.code, first.line) == ("S2S108", 8), first
 
 
@@ -813,8 +796,6 @@ def test_a_number_returned_as_a_tensors_gradient_is_refused(tmp_path):
     """An outside probe: `return g * (1 - t * t), 0` converted, and autograd raised
     "expected Variable or None (got int)" on every call where w required grad. A
     number is still fine where the parameter is a number (its gradient is dropped)."""
-    from s2sgrad import transform
-    from s2sgrad.diagnostics import TransformError
 
     source = HEAD + """
 def f(x, w):
@@ -823,9 +804,7 @@ def f(x, w):
         return g * (1 - t * t) * w, 0
     return t, backward
 """
-    with pytest.raises(TransformError) as caught:
-        transform(source, "m.py", "m")
-    first = caught.value.diagnostics[0]
+    first = _refused(source)
     assert (first.code, first.line, first.column) == ("S2S108", 8, 37), first
     assert "the number `0` as the gradient of `w`" in first.message
     number = HEAD + """
@@ -926,7 +905,7 @@ def f(x, w):
     a, b = t.split([1, 3], dim=1)
     def backward(g):
         gt = g * (1.0 - t * t)
-        return gt * w, (gt * x).sum(0)
+        return gt * w, gt * x  # w's gradient unreduced, as (3, 4)
     return t * 1.0, backward
 """
 
@@ -991,9 +970,6 @@ def test_backward_changing_its_incoming_gradient_in_place_is_refused(case):
     `sum` is one number expanded, so the write crashed there, and elsewhere it
     changed the caller's `grad_outputs`. Now S2S103 at the write; `g = g.clone()`
     first is fine."""
-    from s2sgrad import transform
-    from s2sgrad.diagnostics import TransformError
-
     write, said = INCOMING_CHANGED[case]
     source = HEAD + f"""
 def f(x, w):
@@ -1003,9 +979,9 @@ def f(x, w):
         return g * w, g * x
     return y, backward
 """
-    with pytest.raises(TransformError) as caught:
-        transform(source, "m.py", "m")
-    first = caught.value.diagnostics[0]
+    first = _refused(source)
     assert (first.code, first.line) == ("S2S103", 8) and said in first.message, first
     cloned = source.replace(f"        {write}\n", f"        g = g.clone()\n        {write}\n")
+    from s2sgrad import transform
+
     transform(cloned, "m.py", "m")
