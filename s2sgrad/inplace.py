@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import libcst as cst
 import libcst.matchers as m
@@ -35,7 +35,18 @@ from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names, may_alias_at
 from s2sgrad.lines import line_text
 from s2sgrad.sharing import CONTAINER_ADDS, may_share
-from s2sgrad.values import NUMBER, OTHER, SEQ, SETITEM, SETITEM_NAME, TENSOR, Value
+from s2sgrad.values import (
+    DIFF,
+    NUMBER,
+    OTHER,
+    SEQ,
+    SETITEM,
+    SETITEM_NAME,
+    TENSOR,
+    Evaluator,
+    ModuleFacts,
+    Value,
+)
 
 
 def out_of_place(
@@ -607,7 +618,9 @@ class _Rewrite(cst.CSTTransformer):
         for small in original_node.body:
             if isinstance(small, cst.AugAssign) and id(small) in self.augmented:
                 binding = _binding(small)
-                if self._may_promote([small.value]):
+                if self._may_promote([small.value]) and _surely_tensor(
+                    self.diff.statements, small.target, self.values, self.diff
+                ):
                     binding = binding.with_changes(
                         value=_keeping_dtype(binding.value, small.target)
                     )
@@ -699,8 +712,6 @@ class _Rewrite(cst.CSTTransformer):
         return call.with_changes(func=twin, args=args)
 
 
-
-
 def _binding(node: cst.AugAssign) -> cst.Assign:
     """`h += y` as `h = h + y` (the right-hand side bracketed where it binds looser)."""
     operator = type(node.operator).__name__.removesuffix("Assign")
@@ -710,6 +721,52 @@ def _binding(node: cst.AugAssign) -> cst.Assign:
             node.target, getattr(cst, operator)(), _bracketed(node.value)
         ),
     )
+
+
+def _surely_tensor(
+    statements: Sequence[cst.BaseStatement],
+    target: cst.BaseAssignTargetExpression,
+    values: Mapping[str, Value],
+    diff: Differentiator,
+) -> bool:
+    """Whether `target`, a name, holds a tensor at every `target op= ...`: every
+    binding of it is `name = value` of a tensor. `total = 0` then `total += t` adds
+    to a number first, which has no dtype to keep."""
+    if not isinstance(target, cst.Name):
+        return False
+    name = target.value
+    value = values.get(name)
+    if value is None or value.kinds != frozenset({TENSOR}):
+        return False
+    evaluator = Evaluator(diff.qualified_names, dict(values))
+    for statement in statements:
+        for node in findall(
+            statement, m.Assign() | m.AnnAssign() | m.For() | m.NamedExpr() | m.With()
+        ):
+            if isinstance(node, cst.Assign) and name in bound(node):
+                if len(node.targets) != 1 or not m.matches(
+                    node.targets[0].target, m.Name(name)
+                ):
+                    return False
+                if evaluator.expr(node.value).kinds != frozenset({TENSOR}):
+                    return False
+            elif name in _bound_by(node):
+                return False
+    return True
+
+
+def _bound_by(node: cst.CSTNode) -> set[str]:
+    """The names a binding other than `=` binds itself (not in its body)."""
+    if isinstance(node, (cst.AnnAssign, cst.NamedExpr, cst.For)):
+        return bound_target(node.target)
+    if isinstance(node, cst.With):
+        return {
+            name
+            for item in node.items
+            if item.asname is not None
+            for name in bound_target(item.asname.name)
+        }
+    return set()
 
 
 def _keeping_dtype(value: cst.BaseExpression, target: cst.BaseExpression) -> cst.Call:
@@ -881,3 +938,310 @@ def _hint(write: InPlace) -> str:
         f"index (`{name}[i] = value`), which s2sgrad writes out of place: reverse "
         "mode and recomputation need each value bound once"
     )
+
+
+# -- backward ------------------------------------------------------------------------
+
+
+def backward_out_of_place(
+    diff: Differentiator, values: Mapping[str, Value], facts: ModuleFacts
+) -> Differentiator:
+    """Rewrite backward's in-place writes to tensors backward made, out of place.
+
+    Backward runs again under autograd for every order past the first, where an
+    in-place op on a tensor an earlier op saved fails autograd's version check
+    (`d = torch.sigmoid(x); d.mul_(1 - d)`: sigmoid saved `d`). Written as a new
+    binding (`d = d.mul(1 - d)`) it computes the same values and keeps every saved
+    tensor as it was. A write is rewritten only where that provably changes nothing:
+    its name is backward's own (neither an incoming gradient nor captured, which the
+    frontend refuses to change), and no other name may share its tensor there (a view,
+    an alias, a container holding it). Any other write is kept as written.
+
+    `values` are forward's values at its end: what backward reads of them. The
+    statements not rewritten keep their nodes, which lifting and the maps of `diff`
+    know by identity. Returns `diff` itself when nothing is rewritten.
+    """
+    body = diff.backward.body
+    if not isinstance(body, cst.IndentedBlock):
+        return diff
+    own = set(diff.backward_locals)
+    found = [w for w in _backward_writes(body.body, diff) if w.name in own]
+    if not found:
+        return diff
+    env: dict[str, Value] = dict(values)
+    env.update({name: DIFF for name in diff.grad_params})
+    evaluator = Evaluator(diff.qualified_names, env, facts)
+    evaluator.run(body.body)
+    # Backward's statements read as a forward, for the sharing judge.
+    inside = replace(
+        diff,
+        statements=tuple(body.body),
+        writes=tuple(
+            InPlace(w.name, w.node, w.kind, "", 0, 0) for w in found if w.kind != "aug"
+        ),
+    )
+    sharing = _Sharing(inside)
+    aliases = aliasing_names(inside)
+    qualified: dict[cst.CSTNode, str] = {}
+    lines: dict[cst.BaseSmallStatement, cst.BaseSmallStatement] = {}
+    for write in found:
+        value = evaluator.env.get(write.name)
+        if value is None or TENSOR not in value.kinds or value.kinds & {SEQ, OTHER}:
+            continue  # a list filled by index, or nothing known: kept as written
+        if id(write.node) in sharing.at or may_alias_at(
+            inside, write.name, write.node, aliases
+        ):
+            continue
+        lines[write.small] = write.binding(evaluator.env, qualified, inside)
+    if not lines:
+        return diff
+    statements, replaced = _replacing(body.body, lines)
+    statement_lines = dict(diff.statement_lines)
+    for new, old in replaced.items():
+        if old in statement_lines:
+            statement_lines[new] = statement_lines[old]
+    return replace(
+        diff,
+        backward=diff.backward.with_changes(body=body.with_changes(body=statements)),
+        qualified_names={**diff.qualified_names, **qualified},
+        statement_lines=statement_lines,
+        backward_rewritten=True,
+    )
+
+
+class _BackwardWrite:
+    """One in-place write of backward that may be written as a binding of `name`."""
+
+    def __init__(
+        self,
+        name: str,
+        small: cst.BaseSmallStatement,
+        node: cst.CSTNode,
+        kind: str,
+        receiver: cst.Name,
+        function: str | None = None,
+    ) -> None:
+        self.name = name
+        #: The statement that writes, and the node the sharing judge knows it by.
+        self.small = small
+        self.node = node
+        #: method (a chain `d.pow_(2).neg_()`), function (`torch.sigmoid_(d)`), store
+        #: (`d[i] = v`, `d[i] op= v`) or aug (`d op= v`).
+        self.kind = kind
+        #: The Name node that spells `name` in the write: the new binding's target.
+        self.receiver = receiver
+        #: For a torch function (`torch.sigmoid_`), its out-of-place twin's name.
+        self.function = function
+
+    def binding(
+        self,
+        values: Mapping[str, Value],
+        qualified: dict[cst.CSTNode, str],
+        inside: Differentiator,
+    ) -> cst.Assign:
+        """The write as a binding of its out-of-place result. Its operands are the
+        source's own nodes (lifting replaces captured names by identity)."""
+        small, target = self.small, self.receiver
+        if self.kind == "aug":
+            assert isinstance(small, cst.AugAssign)
+            value: cst.BaseExpression = _binding(small).value
+            if not _number(small.value, values) and _surely_tensor(
+                inside.statements, target, values, inside
+            ):
+                value = _keeping_dtype(value, target)
+        elif self.kind == "store":
+            assert isinstance(self.node, cst.Subscript)
+            stored = (
+                small.value
+                if isinstance(small, cst.Assign)
+                else _store_value(small, self.node)
+            )
+            func = cst.Name(SETITEM_NAME)
+            qualified[func] = SETITEM
+            index = _index(self.node)
+            assert index is not None and stored is not None
+            value = cst.Call(func, [cst.Arg(target), cst.Arg(index), cst.Arg(stored)])
+        else:
+            assert isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+            value, operands = _twins(small.value, self.function, target, qualified)
+            if not all(_number(o, values) for o in operands):
+                value = _keeping_dtype(value, target)
+        return cst.Assign([cst.AssignTarget(target)], value)
+
+
+def _store_value(
+    small: cst.BaseSmallStatement, target: cst.Subscript
+) -> cst.BaseExpression | None:
+    """`t[i] op= v` stores `t[i] op v`, which is what Python runs for it."""
+    if not isinstance(small, cst.AugAssign):
+        return None
+    operator = type(small.operator).__name__.removesuffix("Assign")
+    return cst.BinaryOperation(
+        target, getattr(cst, operator)(), _bracketed(small.value)
+    )
+
+
+def _backward_writes(
+    statements: Sequence[cst.BaseStatement], diff: Differentiator
+) -> list[_BackwardWrite]:
+    """Backward's statements that write into a name in place, and can be bindings of
+    it: an in-place method (or a chain of them) on the name alone as a statement, an
+    in-place torch function on it, an item store into it, an augmented assignment.
+    Nested functions are not looked into."""
+    found: list[_BackwardWrite] = []
+    for statement in statements:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                write = _backward_write(small, diff)
+                if write is not None:
+                    found.append(write)
+            continue
+        for block in _blocks(statement):
+            found += _backward_writes(block, diff)
+    return found
+
+
+def _backward_write(
+    small: cst.BaseSmallStatement, diff: Differentiator
+) -> _BackwardWrite | None:
+    if isinstance(small, cst.AugAssign):
+        target = small.target
+        if isinstance(target, cst.Name):
+            return _BackwardWrite(target.value, small, small, "aug", target)
+        return _stored(small, target)
+    if isinstance(small, cst.Assign):
+        if len(small.targets) != 1:
+            return None
+        return _stored(small, small.targets[0].target)
+    if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+        return None
+    call = small.value
+    func = call.func
+    qualified = diff.qualified_names.get(func) if dotted(func) else None
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if (
+        qualified is not None
+        and isinstance(func, cst.Attribute)
+        and qualified.endswith("_")
+        and not qualified.endswith("__")
+        and opfacts.signatures(qualified[:-1])
+        and positional
+        and isinstance(positional[0].value, cst.Name)
+    ):
+        receiver = positional[0].value
+        return _BackwardWrite(
+            receiver.value, small, call, "function", receiver, qualified[:-1]
+        )
+    chain = _inplace_chain(call) if qualified is None else None
+    if chain is not None:
+        base, innermost = chain
+        return _BackwardWrite(base.value, small, innermost, "method", base)
+    return None
+
+
+def _stored(
+    small: cst.BaseSmallStatement, target: cst.BaseExpression
+) -> _BackwardWrite | None:
+    """`t[i] = v` or `t[i] op= v` into a name, by an index `_setitem` can take."""
+    if (
+        isinstance(target, cst.Subscript)
+        and isinstance(target.value, cst.Name)
+        and _index(target) is not None
+    ):
+        return _BackwardWrite(target.value.value, small, target, "store", target.value)
+    return None
+
+
+def _inplace_chain(call: cst.Call) -> tuple[cst.Name, cst.Call] | None:
+    """For `d.pow_(2).neg_()`: the name `d` and the innermost call `d.pow_(2)`, where
+    every call of the chain is an in-place tensor method with an out-of-place twin."""
+    node: cst.BaseExpression = call
+    innermost = call
+    while isinstance(node, cst.Call):
+        func = node.func
+        if not (
+            isinstance(func, cst.Attribute)
+            and opfacts.is_inplace(func.attr.value)
+            and opfacts.out_of_place(func.attr.value) is not None
+        ):
+            return None
+        innermost, node = node, func.value
+    return (node, innermost) if isinstance(node, cst.Name) else None
+
+
+def _twins(
+    call: cst.Call,
+    function: str | None,
+    target: cst.Name,
+    qualified: dict[cst.CSTNode, str],
+) -> tuple[cst.BaseExpression, list[cst.BaseExpression]]:
+    """The out-of-place form of an in-place call (a chain of methods, or the torch
+    function whose out-of-place name is `function`) and the operands beside the
+    changed tensor."""
+    if function is not None:
+        func = call.func
+        assert isinstance(func, cst.Attribute)
+        twin = func.with_changes(attr=cst.Name(func.attr.value[:-1]))
+        qualified[twin] = function
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        operands = [a.value for a in call.args if a is not positional[0]]
+        return call.with_changes(func=twin), operands
+    func = call.func
+    assert isinstance(func, cst.Attribute)
+    method = opfacts.out_of_place(func.attr.value)
+    assert method is not None
+    inner = func.value
+    operands = [a.value for a in call.args]
+    if isinstance(inner, cst.Call):
+        inner, more = _twins(inner, None, target, qualified)
+        operands += more
+    else:
+        inner = target
+    plain = func.with_changes(value=inner, attr=cst.Name(method))
+    return call.with_changes(func=plain), operands
+
+
+def _replacing(
+    statements: Sequence[cst.BaseStatement],
+    changed: Mapping[cst.BaseSmallStatement, cst.BaseSmallStatement],
+) -> tuple[list[cst.BaseStatement], dict[cst.CSTNode, cst.CSTNode]]:
+    """`statements` with the small statements in `changed` replaced, and each new
+    statement with the one it replaces. Only the statements on the way to a change
+    are new: every other node stays the very node it was."""
+    replaced: dict[cst.CSTNode, cst.CSTNode] = {}
+
+    def rebuild(node: cst.CSTNode) -> cst.CSTNode:
+        if isinstance(node, cst.SimpleStatementLine):
+            if not any(small in changed for small in node.body):
+                return node
+            new: cst.CSTNode = node.with_changes(
+                body=[changed.get(small, small) for small in node.body]
+            )
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.BaseExpression)):
+            return node
+        else:
+            changes: dict[str, object] = {}
+            for field in fields(node):
+                old = getattr(node, field.name)
+                if isinstance(old, cst.CSTNode):
+                    rebuilt = rebuild(old)
+                    if rebuilt is not old:
+                        changes[field.name] = rebuilt
+                elif isinstance(old, (list, tuple)) and any(
+                    isinstance(item, cst.CSTNode) for item in old
+                ):
+                    items = [
+                        rebuild(i) if isinstance(i, cst.CSTNode) else i for i in old
+                    ]
+                    if any(a is not b for a, b in zip(items, old, strict=True)):
+                        changes[field.name] = items
+            if not changes:
+                return node
+            new = node.with_changes(**changes)
+        replaced[new] = node
+        return new
+
+    rebuilt = [rebuild(statement) for statement in statements]
+    return [_statement(s) for s in rebuilt], replaced

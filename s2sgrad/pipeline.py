@@ -27,7 +27,7 @@ from s2sgrad.frontend.compose import Composed, check_draws, compose
 from s2sgrad.frontend.locate import Locator
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.header import Origin
-from s2sgrad.inplace import out_of_place
+from s2sgrad.inplace import backward_out_of_place, out_of_place
 from s2sgrad.lift import (
     check_autograd_state,
     check_closed_over,
@@ -179,9 +179,7 @@ def _parts_in_processes(
 _RUNS_PER_PROCESS = 3
 
 
-def _part_of_run(
-    run: tuple[int, int], state: tuple[_Front, Options, Layout]
-) -> Part:
+def _part_of_run(run: tuple[int, int], state: tuple[_Front, Options, Layout]) -> Part:
     front, options, layout = state
     return part(layout, _differentiated(front, options, *run))
 
@@ -238,7 +236,9 @@ def _judge_forward(
         except TransformError as exc:
             found += exc.diagnostics
             continue
-        judged.append((rewritten, evaluator if rewritten is diff else None))
+        forward_kept = rewritten is diff
+        rewritten = backward_out_of_place(rewritten, evaluator.env, facts)
+        judged.append((rewritten, evaluator if forward_kept else None))
     if found:
         raise TransformError(sorted(found, key=lambda d: (d.line, d.column)))
     return judged

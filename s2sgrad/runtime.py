@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 #: The formats of generated code this runtime serves (s2sgrad/header.py writes them).
-FORMATS = range(9, 34)
+FORMATS = range(9, 35)
 
 Context = tuple[Any, ...]  # what f_forward hands to f_backward
 Grad = Tensor | None  # None stands for a gradient of zeros
@@ -165,8 +165,25 @@ def _matmul_grad_other(grad: Tensor, x: Tensor, other: Tensor) -> Tensor:
 
 
 def _setitem(tensor: Tensor, index: Any, value: Any) -> Tensor:
-    """`tensor[index] = value` on a copy: each value of forward is bound once."""
-    tensor = tensor.clone()
+    """`tensor[index] = value` on a copy: each value is bound once.
+
+    Under a torch.func transform a value the transform wraps (batched by `vmap`,
+    tracked by `grad`) cannot be stored into a tensor it does not wrap (`gx =
+    torch.zeros_like(x)` in backward, then `gx[m] = ...` under jacrev or hessian):
+    the copy is then made from the value, wrapped as it is.
+    """
+    if (
+        isinstance(value, Tensor)
+        and not torch.compiler.is_compiling()
+        and _base_apply is not None
+        and _transforms_active()
+        and _level(value) > _level(tensor)
+    ):
+        copy = value.new_zeros(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+        copy.copy_(tensor)
+        tensor = copy
+    else:
+        tensor = tensor.clone()
     tensor[index] = value
     return tensor
 
@@ -217,6 +234,7 @@ try:  # private torch API; another torch takes Function.apply as is
     from torch._C._functorch import get_interpreter_stack as _interpreters
     from torch._C._functorch import get_unwrapped as _unwrapped_once
     from torch._C._functorch import is_functorch_wrapped_tensor as _wrapped
+    from torch._C._functorch import maybe_get_level as _level
     from torch._functorch.utils import unwrap_dead_wrappers as _unwrap
 
     _base_apply: Any = torch._C._FunctionBase.__dict__["apply"]

@@ -102,7 +102,9 @@ def backward_body(
     # The Function materializes the missing ones when any gradient arrives: the
     # closure runs with all of them, or with none.
     test = " and ".join(f"{g} is not None" for g in diff.grad_params)
-    note = f"# the closure `{diff.backward.name.value}`, as written"
+    note = f"# the closure `{diff.backward.name.value}`, " + (
+        "its in-place ops out of place" if diff.backward_rewritten else "as written"
+    )
     if len(f"    if {test}:  {note}") <= line_length:
         trailing = cst.TrailingWhitespace(cst.SimpleWhitespace("  "), cst.Comment(note))
         guard = cst.If(

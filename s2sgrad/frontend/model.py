@@ -144,6 +144,8 @@ class Differentiator:
     backward_locals: Mapping[str, tuple[cst.Name, ...]] = dataclasses.field(
         default_factory=dict
     )
+    #: Whether backward's in-place ops were written out of place (`inplace.py`).
+    backward_rewritten: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,211 @@
+"""Backward's in-place writes to tensors backward made, written out of place.
+
+Backward runs again under autograd at every order past the first. An in-place op there
+on a tensor an earlier op saved (`d = torch.sigmoid(x); d.mul_(1 - d)`: sigmoid saved
+its output) made every second-order use of the op fail autograd's version check,
+though the first order was right; and a store of the incoming gradient into a tensor
+backward filled (`gx = torch.zeros_like(x); gx[m] = ...`) made jacrev and hessian fail,
+since vmap cannot store a batched value into an unbatched tensor. Each case converts and
+matches torch.autograd through the closure's own forward at orders 1 to 3, pure and
+mixed, with a (4,) weight broadcast against (3, 4) x and its gradient returned
+unreduced, with every input requiring grad and with only one of them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_outside_python import HEAD, _check, _r
+
+CASES = {
+    # sigmoid saved `d`, which mul_ changes.
+    "method": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    s = torch.sigmoid(x)
+    def backward(g):
+        d = torch.sigmoid(x)
+        d.mul_(1 - d)
+        return g * w * d, g * s
+    return s * w, backward
+""",
+    "chain": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.tanh(x)
+    def backward(g):
+        d = torch.tanh(x)
+        d.pow_(2).neg_().add_(1)
+        return g * w * d, g * t
+    return t * w, backward
+""",
+    # exp saved `s`, which sigmoid_ changes.
+    "function": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    y = torch.sigmoid(torch.exp(x))
+    def backward(g):
+        s = torch.exp(x)
+        torch.sigmoid_(s)
+        return g * w * s * (1 - s) * torch.exp(x), g * s
+    return y * w, backward
+""",
+    "augmented": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        d = torch.exp(x)
+        d *= w
+        return g * d, g * torch.exp(x)
+    return torch.exp(x) * w, backward
+""",
+    "store": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.tanh(x)
+    def backward(g):
+        gx = torch.zeros_like(x)
+        m = x > 0
+        d = g * w * (1 - t * t)
+        gx[m] = d[m]
+        gx[~m] = d[~m]
+        return gx, g * t
+    return t * w, backward
+""",
+    "augmented store in a loop": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.sin(x)
+    def backward(g):
+        gx = torch.zeros_like(x)
+        for i in range(x.shape[0]):
+            gx[i] += g[i] * w * torch.cos(x[i])
+        return gx, g * t
+    return t * w, backward
+""",
+    # A sum that starts from the number 0 has no dtype to keep at its first `+=`.
+    "accumulated from zero": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.exp(x)
+    def backward(g):
+        gw = 0
+        for i in range(x.shape[0]):
+            gw += g[i] * t[i]
+        return g * w * t, gw
+    return t * w, backward
+""",
+}
+
+NEEDS = [None, [True, False], [False, True]]
+
+
+@pytest.mark.parametrize("needs", NEEDS, ids=["all", "x", "w"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_backward_inplace_write_is_right_at_every_order(tmp_path, case, needs):
+    from oracle import import_pair
+
+    closures, generated = import_pair(tmp_path, HEAD + CASES[case], "bip")
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_backward_inplace_write_under_torch_func(tmp_path, case):
+    """jacrev, jacfwd and hessian (vmap of backward, forward over reverse) agree with
+    the closure's forward."""
+    from oracle import import_pair
+
+    closures, generated = import_pair(tmp_path, HEAD + CASES[case], "bipf")
+    x, w = _r(3, 4), _r(4, seed=1)
+
+    def loss(module, a, b):
+        out = module.f(a, b)
+        return (out[0] if module is closures else out).sin().sum()
+
+    for transform in (torch.func.jacrev, torch.func.jacfwd, torch.func.hessian):
+        for argnums in (0, 1):
+            got = transform(lambda a, b: loss(generated, a, b), argnums)(x, w)
+            want = transform(lambda a, b: loss(closures, a, b), argnums)(x, w)
+            torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
+
+
+def test_backward_inplace_writes_read_as_bindings():
+    """The generated backward binds each changed tensor anew, from the source's
+    operands; the dtype the in-place op kept is kept where an operand is a tensor."""
+    from s2sgrad import transform
+
+    text = transform(HEAD + CASES["method"], "m.py", "m")
+    assert "d = d.mul(1 - d).to(d.dtype)" in text
+    assert "mul_" not in text
+    text = transform(HEAD + CASES["chain"], "m.py", "m")
+    assert "d = d.pow(2).neg().add(1)" in text
+    text = transform(HEAD + CASES["function"], "m.py", "m")
+    assert "s = torch.sigmoid(s)" in text
+    text = transform(HEAD + CASES["augmented"], "m.py", "m")
+    assert "d = (d * w).to(d.dtype)" in text
+    text = transform(HEAD + CASES["store"], "m.py", "m")
+    assert "gx = _setitem(gx, m, d[m])" in text
+    text = transform(HEAD + CASES["augmented store in a loop"], "m.py", "m")
+    assert "gx = _setitem(gx, i, gx[i] + (g[i] * w * torch.cos(x[i])))" in text
+    assert "# the closure `backward`, its in-place ops out of place" in text
+
+
+SHARED = """
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        d = g * w
+        e = d.view(-1)
+        d.mul_(2)
+        return e.view_as(x), (g * x).sum(0)
+    return x * w, backward
+"""
+
+
+def test_a_write_another_name_sees_is_kept_as_written(tmp_path):
+    """`e` views `d`'s memory and sees the change: written out of place, `e` would not.
+    Such a write is kept, and the op's first order is the closure's."""
+    from oracle import import_pair
+
+    closures, generated = import_pair(tmp_path, HEAD + SHARED, "bips")
+    assert "d.mul_(2)" in (tmp_path / "bips_grad.py").read_text()
+    x, w = _r(3, 4).requires_grad_(), _r(4, seed=1).requires_grad_()
+    g = _r(3, 4, seed=2)
+    got = torch.autograd.grad(generated.f(x, w), (x, w), g)
+    _, backward = closures.f(x, w)
+    want = backward(g)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+FORWARD_SUMS = {
+    "loop": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    total = 0
+    for i in range(2):
+        total += x * w * (i + 1)
+    def backward(g):
+        return g * w * 3, g * x * 3
+    return total * 1.0, backward
+""",
+    "straight": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    total = 0.0
+    total += x * w
+    total += x
+    def backward(g):
+        return g * (w + 1), g * x
+    return total, backward
+""",
+}
+
+
+@pytest.mark.parametrize("case", list(FORWARD_SUMS))
+def test_forward_sum_from_a_number(tmp_path, case):
+    """`total = 0` then `total += t` in forward: the binding the rewrite writes read
+    `total.dtype` of the number 0, and every call failed."""
+    from oracle import import_pair
+
+    closures, generated = import_pair(tmp_path, HEAD + FORWARD_SUMS[case], "fsum")
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
+
+
+def test_forward_sum_of_tensors_keeps_its_dtype():
+    """Where every binding of the name is a tensor, the rewrite keeps the dtype the
+    in-place op kept (a bfloat16 activation plus a float32 bias stays bfloat16)."""
+    from s2sgrad import transform
+
+    source = HEAD + FORWARD_SUMS["straight"].replace("total = 0.0", "total = x * 2")
+    assert "total = (total + (x * w)).to(total.dtype)" in transform(source, "m.py", "m")
