@@ -830,8 +830,10 @@ class Evaluator:
             if name == "zip":
                 columns = _join_all(self.iterated(v) for v in spread)
                 return seq(seq(columns, "tuple"), "list")
-            return SCALAR if all(v.kinds <= {NUMBER} for v in spread) else (
-                _join_all(spread)
+            return (
+                SCALAR
+                if all(v.kinds <= {NUMBER} for v in spread)
+                else (_join_all(spread))
             )
         first = args[0] if args else BOTTOM
         if name in ("list", "tuple", "sorted", "reversed", "set"):

@@ -621,7 +621,9 @@ class Planner:
         held += [  # read by name, which backward may bind to something else
             (self.by_id[v].name, self.by_id[v])
             for v, kinds in reads.items()
-            if None in kinds and v in self.at_end and self.by_id[v].value.tensor
+            if None in kinds
+            and v in self.at_end
+            and self.by_id[v].value.tensor
             and self.by_id[v].name not in self.backward_locals
         ]
         for name, other in held:
@@ -919,9 +921,7 @@ def sibling_of(
         isinstance(r, cst.Return) and isinstance(r.value, cst.Tuple) for r in returns
     )
     params = tuple(p.name for p in diff.params)
-    return Sibling(
-        diff.name, params, names.forward, names.backward, bare, result, draw
-    )
+    return Sibling(diff.name, params, names.forward, names.backward, bare, result, draw)
 
 
 def module_facts(parsed: ParsedModule) -> tuple[dict[str, Sibling], ModuleFacts]:

@@ -271,7 +271,10 @@ class _RuleCache:
     def read(self) -> _LazyRules | None:
         try:
             with self.entry.open("rb") as file:
-                if file.readline() != RULES_MAGIC or file.readline() != self.key + b"\n":
+                if (
+                    file.readline() != RULES_MAGIC
+                    or file.readline() != self.key + b"\n"
+                ):
                     return None
                 names, varargs, built = pickle.load(file)
         except Exception:  # a missing, stale, truncated or foreign entry: a miss

@@ -285,7 +285,8 @@ class FunctionWriter:
     def _returned(self, inputs: str | None = None) -> list[str]:
         """What forward returns, in order."""
         items = [
-            self._view(o.var, inputs) if o.aliased else o.var for o in self.plain_outputs
+            self._view(o.var, inputs) if o.aliased else o.var
+            for o in self.plain_outputs
         ]
         items += [
             self._view_always(s.name, s.may_be_none) if s.may_alias else s.name

@@ -103,7 +103,8 @@ def _slice(
         bound = bound_names([statement])
         if not bound & needed:
             if _reads(statement) & needed and (
-                not m.matches(statement, _PLAIN) or _calls_a_method_of(statement, needed)
+                not m.matches(statement, _PLAIN)
+                or _calls_a_method_of(statement, needed)
             ):
                 return None  # it may change a value the slice reads (`xs.append`)
             continue
