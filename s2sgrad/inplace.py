@@ -983,7 +983,7 @@ def backward_out_of_place(
     sharing = _Sharing(inside)
     aliases = aliasing_names(inside)
     qualified: dict[cst.CSTNode, str] = {}
-    lines: dict[cst.BaseSmallStatement, cst.BaseSmallStatement] = {}
+    bindings: dict[cst.BaseSmallStatement, cst.BaseSmallStatement] = {}
     for write in found:
         value = evaluator.env.get(write.name)
         if value is None or TENSOR not in value.kinds or value.kinds & {SEQ, OTHER}:
@@ -992,10 +992,10 @@ def backward_out_of_place(
             inside, write.name, write.node, aliases
         ):
             continue
-        lines[write.small] = write.binding(evaluator.env, qualified, inside)
-    if not lines:
+        bindings[write.small] = write.binding(evaluator.env, qualified, inside)
+    if not bindings:
         return diff
-    statements, replaced = _replacing(body.body, lines)
+    statements, replaced = _replacing(body.body, bindings)
     statement_lines = dict(diff.statement_lines)
     for new, old in replaced.items():
         if old in statement_lines:
