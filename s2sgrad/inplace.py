@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 
 import libcst as cst
 import libcst.matchers as m
@@ -1009,29 +1009,21 @@ def backward_out_of_place(
     )
 
 
+@dataclass(frozen=True)
 class _BackwardWrite:
     """One in-place write of backward that may be written as a binding of `name`."""
 
-    def __init__(
-        self,
-        name: str,
-        small: cst.BaseSmallStatement,
-        node: cst.CSTNode,
-        kind: str,
-        receiver: cst.Name,
-        function: str | None = None,
-    ) -> None:
-        self.name = name
-        #: The statement that writes, and the node the sharing judge knows it by.
-        self.small = small
-        self.node = node
-        #: method (a chain `d.pow_(2).neg_()`), function (`torch.sigmoid_(d)`), store
-        #: (`d[i] = v`, `d[i] op= v`) or aug (`d op= v`).
-        self.kind = kind
-        #: The Name node that spells `name` in the write: the new binding's target.
-        self.receiver = receiver
-        #: For a torch function (`torch.sigmoid_`), its out-of-place twin's name.
-        self.function = function
+    name: str
+    #: The statement that writes, and the node the sharing judge knows it by.
+    small: cst.BaseSmallStatement
+    node: cst.CSTNode
+    #: method (a chain `d.pow_(2).neg_()`), function (`torch.sigmoid_(d)`), store
+    #: (`d[i] = v`, `d[i] op= v`) or aug (`d op= v`).
+    kind: str
+    #: The Name node that spells `name` in the write: the new binding's target.
+    receiver: cst.Name
+    #: For a torch function (`torch.sigmoid_`), its out-of-place twin's name.
+    function: str | None = None
 
     def binding(
         self,
