@@ -944,7 +944,11 @@ def _hint(write: InPlace) -> str:
 
 
 def backward_out_of_place(
-    diff: Differentiator, values: Mapping[str, Value], facts: ModuleFacts
+    diff: Differentiator,
+    values: Mapping[str, Value],
+    facts: ModuleFacts,
+    path: str,
+    lines: Sequence[str],
 ) -> Differentiator:
     """Rewrite backward's in-place writes to tensors backward made, out of place.
 
@@ -954,8 +958,11 @@ def backward_out_of_place(
     binding (`d = d.mul(1 - d)`) it computes the same values and keeps every saved
     tensor as it was. A write is rewritten only where that provably changes nothing:
     its name is backward's own (neither an incoming gradient nor captured, which the
-    frontend refuses to change), and no other name may share its tensor there (a view,
-    an alias, a container holding it). Any other write is kept as written.
+    frontend refuses to change), it is not under `torch.no_grad()` (where the closure
+    keeps the graph of the value as it was), and no other name may share its tensor
+    (a view, an alias, a container holding it, the value an in-place call returns, a
+    walrus). Any other write is kept as written, except one that changes an incoming
+    gradient through another name (`d = g; d.mul_(2)`): S2S103, as `g.mul_(2)` is.
 
     `values` are forward's values at its end: what backward reads of them. The
     statements not rewritten keep their nodes, which lifting and the maps of `diff`
@@ -972,7 +979,7 @@ def backward_out_of_place(
     env.update({name: DIFF for name in diff.grad_params})
     evaluator = Evaluator(diff.qualified_names, env, facts)
     evaluator.run(body.body)
-    # Backward's statements read as a forward, for the sharing judge.
+    # Backward's statements read as a forward, for the judges of forward's writes.
     inside = replace(
         diff,
         statements=tuple(body.body),
@@ -982,17 +989,29 @@ def backward_out_of_place(
     )
     sharing = _Sharing(inside)
     aliases = aliasing_names(inside)
+    gradless = _gradless(inside)
+    shared = _shared_by_calls(body, diff)
+    incoming = _gradient_views(body.body, diff)
+    problems: list[Diagnostic] = []
     qualified: dict[cst.CSTNode, str] = {}
-    bindings: dict[cst.BaseSmallStatement, cst.BaseSmallStatement] = {}
+    bindings: dict[cst.BaseSmallStatement, list[cst.BaseSmallStatement]] = {}
     for write in found:
+        if write.name in incoming:
+            problems.append(_changes_incoming(write, incoming[write.name], path, lines))
+            continue
         value = evaluator.env.get(write.name)
         if value is None or TENSOR not in value.kinds or value.kinds & {SEQ, OTHER}:
             continue  # a list filled by index, or nothing known: kept as written
-        if id(write.node) in sharing.at or may_alias_at(
-            inside, write.name, write.node, aliases
+        if (
+            id(write.node) in gradless
+            or write.name in shared
+            or id(write.node) in sharing.at
+            or may_alias_at(inside, write.name, write.node, aliases)
         ):
             continue
-        bindings[write.small] = write.binding(evaluator.env, qualified, inside)
+        bindings[write.small] = write.bindings(evaluator.env, qualified, inside)
+    if problems:
+        raise TransformError(problems)
     if not bindings:
         return diff
     statements, replaced = _replacing(body.body, bindings)
@@ -1017,22 +1036,27 @@ class _BackwardWrite:
     #: The statement that writes, and the node the sharing judge knows it by.
     small: cst.BaseSmallStatement
     node: cst.CSTNode
-    #: method (a chain `d.pow_(2).neg_()`), function (`torch.sigmoid_(d)`), store
-    #: (`d[i] = v`, `d[i] op= v`) or aug (`d op= v`).
+    #: method (a chain `d.pow_(2).neg_()`), function (`torch.sigmoid_(d)`), inplace
+    #: (`F.relu(d, inplace=True)`), copy (`d.copy_(v)`), store (`d[i] = v`,
+    #: `d[i] op= v`) or aug (`d op= v`).
     kind: str
     #: The Name node that spells `name` in the write: the new binding's target.
     receiver: cst.Name
+    #: The line of the statement that writes.
+    line: int
     #: For a torch function (`torch.sigmoid_`), its out-of-place twin's name.
     function: str | None = None
 
-    def binding(
+    def bindings(
         self,
         values: Mapping[str, Value],
         qualified: dict[cst.CSTNode, str],
         inside: Differentiator,
-    ) -> cst.Assign:
-        """The write as a binding of its out-of-place result. Its operands are the
-        source's own nodes (lifting replaces captured names by identity)."""
+    ) -> list[cst.BaseSmallStatement]:
+        """The write as bindings of its out-of-place result (one per call of a chain
+        whose later calls read the name: `d.mul_(2).add_(d)` adds the doubled `d`).
+        Their operands are the source's own nodes (lifting replaces captured names
+        by identity)."""
         small, target = self.small, self.receiver
         if self.kind == "aug":
             assert isinstance(small, cst.AugAssign)
@@ -1041,24 +1065,66 @@ class _BackwardWrite:
                 inside.statements, target, values, inside
             ):
                 value = _keeping_dtype(value, target)
-        elif self.kind == "store":
-            assert isinstance(self.node, cst.Subscript)
-            stored = (
-                small.value
-                if isinstance(small, cst.Assign)
-                else _store_value(small, self.node)
-            )
+            return [_assign(target, value)]
+        if self.kind in ("store", "copy"):
+            if isinstance(self.node, cst.Subscript):
+                stored = (
+                    small.value
+                    if isinstance(small, cst.Assign)
+                    else _store_value(small, self.node)
+                )
+                index = _index(self.node)
+            else:  # `d.copy_(v)` is `d[...] = v`
+                assert isinstance(self.node, cst.Call)
+                stored, index = self.node.args[0].value, cst.Ellipsis()
             func = cst.Name(SETITEM_NAME)
             qualified[func] = SETITEM
-            index = _index(self.node)
             assert index is not None and stored is not None
-            value = cst.Call(func, [cst.Arg(target), cst.Arg(index), cst.Arg(stored)])
-        else:
-            assert isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
-            value, operands = _twins(small.value, self.function, target, qualified)
-            if not all(_number(o, values) for o in operands):
-                value = _keeping_dtype(value, target)
-        return cst.Assign([cst.AssignTarget(target)], value)
+            args = [cst.Arg(target), cst.Arg(index), cst.Arg(stored)]
+            return [_assign(target, cst.Call(func, args))]
+        assert isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+        if self.kind == "inplace":
+            call = small.value
+            kept = [
+                a
+                for a in call.args
+                if a.keyword is None or a.keyword.value != "inplace"
+            ]
+            kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            return [_assign(target, call.with_changes(args=kept))]
+        if self.kind == "function":
+            call = _function_twin(small.value, self.function, qualified)
+            return [_assign(target, self._kept(call, [call], values, skip=1))]
+        links = _links(small.value)
+        if any(findall(a, m.Name(self.name)) for link in links[1:] for a in link.args):
+            # A later call reads what the earlier ones made: one binding each.
+            return [
+                _assign(target, self._kept(_method_twin(link, target), [link], values))
+                for link in links
+            ]
+        plain: cst.BaseExpression = target
+        for link in links:
+            plain = _method_twin(link, plain)
+        return [_assign(target, self._kept(plain, links, values))]
+
+    def _kept(
+        self,
+        plain: cst.BaseExpression,
+        calls: Sequence[cst.Call],
+        values: Mapping[str, Value],
+        skip: int = 0,
+    ) -> cst.BaseExpression:
+        """`plain` in the dtype the in-place `calls` kept, where an operand of theirs
+        (past the first `skip` arguments of each) may be a tensor, which may promote
+        the result's."""
+        operands = [a.value for call in calls for a in call.args[skip:]]
+        if all(_number(operand, values) for operand in operands):
+            return plain
+        return _keeping_dtype(plain, self.receiver)
+
+
+def _assign(target: cst.Name, value: cst.BaseExpression) -> cst.Assign:
+    return cst.Assign([cst.AssignTarget(target)], value)
 
 
 def _store_value(
@@ -1085,8 +1151,9 @@ def _backward_writes(
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             continue
         if isinstance(statement, cst.SimpleStatementLine):
+            line = diff.statement_lines.get(statement, diff.backward_line)
             for small in statement.body:
-                write = _backward_write(small, diff)
+                write = _backward_write(small, diff, line)
                 if write is not None:
                     found.append(write)
             continue
@@ -1096,45 +1163,73 @@ def _backward_writes(
 
 
 def _backward_write(
-    small: cst.BaseSmallStatement, diff: Differentiator
+    small: cst.BaseSmallStatement, diff: Differentiator, line: int
 ) -> _BackwardWrite | None:
     if isinstance(small, cst.AugAssign):
         target = small.target
         if isinstance(target, cst.Name):
-            return _BackwardWrite(target.value, small, small, "aug", target)
-        return _stored(small, target)
+            return _BackwardWrite(target.value, small, small, "aug", target, line)
+        return _stored(small, target, line)
     if isinstance(small, cst.Assign):
         if len(small.targets) != 1:
             return None
-        return _stored(small, small.targets[0].target)
+        return _stored(small, small.targets[0].target, line)
     if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
         return None
     call = small.value
     func = call.func
     qualified = diff.qualified_names.get(func) if dotted(func) else None
     positional = [a for a in call.args if a.keyword is None and not a.star]
+    receiver = positional[0].value if positional else None
+    if qualified is not None:
+        if not isinstance(receiver, cst.Name):
+            return None
+        if _says_inplace(call) and len(positional) == len(call.args) - 1:
+            return _BackwardWrite(
+                receiver.value, small, call, "inplace", receiver, line
+            )
+        if (
+            isinstance(func, cst.Attribute)
+            and qualified.endswith("_")
+            and not qualified.endswith("__")
+            and opfacts.signatures(qualified[:-1])
+        ):
+            twin = qualified[:-1]
+            return _BackwardWrite(
+                receiver.value, small, call, "function", receiver, line, twin
+            )
+        return None
     if (
-        qualified is not None
-        and isinstance(func, cst.Attribute)
-        and qualified.endswith("_")
-        and not qualified.endswith("__")
-        and opfacts.signatures(qualified[:-1])
-        and positional
-        and isinstance(positional[0].value, cst.Name)
+        isinstance(func, cst.Attribute)
+        and func.attr.value == "copy_"
+        and isinstance(func.value, cst.Name)
+        and len(call.args) == 1
+        and call.args[0].keyword is None
+        and not call.args[0].star
     ):
-        receiver = positional[0].value
-        return _BackwardWrite(
-            receiver.value, small, call, "function", receiver, qualified[:-1]
-        )
-    chain = _inplace_chain(call) if qualified is None else None
-    if chain is not None:
-        base, innermost = chain
-        return _BackwardWrite(base.value, small, innermost, "method", base)
-    return None
+        return _BackwardWrite(func.value.value, small, call, "copy", func.value, line)
+    links = _links(call)
+    if not links:
+        return None
+    base = links[0].func
+    assert isinstance(base, cst.Attribute)
+    if not isinstance(base.value, cst.Name):
+        return None
+    return _BackwardWrite(base.value.value, small, links[0], "method", base.value, line)
+
+
+def _says_inplace(call: cst.Call) -> bool:
+    """Whether a call passes `inplace=True` (`F.relu(d, inplace=True)`)."""
+    return any(
+        a.keyword is not None
+        and a.keyword.value == "inplace"
+        and m.matches(a.value, m.Name("True"))
+        for a in call.args
+    )
 
 
 def _stored(
-    small: cst.BaseSmallStatement, target: cst.BaseExpression
+    small: cst.BaseSmallStatement, target: cst.BaseExpression, line: int
 ) -> _BackwardWrite | None:
     """`t[i] = v` or `t[i] op= v` into a name, by an index `_setitem` can take."""
     if (
@@ -1142,15 +1237,16 @@ def _stored(
         and isinstance(target.value, cst.Name)
         and _index(target) is not None
     ):
-        return _BackwardWrite(target.value.value, small, target, "store", target.value)
+        name = target.value
+        return _BackwardWrite(name.value, small, target, "store", name, line)
     return None
 
 
-def _inplace_chain(call: cst.Call) -> tuple[cst.Name, cst.Call] | None:
-    """For `d.pow_(2).neg_()`: the name `d` and the innermost call `d.pow_(2)`, where
-    every call of the chain is an in-place tensor method with an out-of-place twin."""
+def _links(call: cst.Call) -> list[cst.Call]:
+    """The calls of an in-place chain `d.pow_(2).neg_()`, innermost first, where each
+    is an in-place tensor method with an out-of-place twin; empty otherwise."""
+    links: list[cst.Call] = []
     node: cst.BaseExpression = call
-    innermost = call
     while isinstance(node, cst.Call):
         func = node.func
         if not (
@@ -1158,46 +1254,132 @@ def _inplace_chain(call: cst.Call) -> tuple[cst.Name, cst.Call] | None:
             and opfacts.is_inplace(func.attr.value)
             and opfacts.out_of_place(func.attr.value) is not None
         ):
-            return None
-        innermost, node = node, func.value
-    return (node, innermost) if isinstance(node, cst.Name) else None
+            return []
+        links.append(node)
+        node = func.value
+    return links[::-1] if isinstance(node, cst.Name) else []
 
 
-def _twins(
-    call: cst.Call,
-    function: str | None,
-    target: cst.Name,
-    qualified: dict[cst.CSTNode, str],
-) -> tuple[cst.BaseExpression, list[cst.BaseExpression]]:
-    """The out-of-place form of an in-place call (a chain of methods, or the torch
-    function whose out-of-place name is `function`) and the operands beside the
-    changed tensor."""
-    if function is not None:
-        func = call.func
-        assert isinstance(func, cst.Attribute)
-        twin = func.with_changes(attr=cst.Name(func.attr.value[:-1]))
-        qualified[twin] = function
-        positional = [a for a in call.args if a.keyword is None and not a.star]
-        operands = [a.value for a in call.args if a is not positional[0]]
-        return call.with_changes(func=twin), operands
-    func = call.func
+def _method_twin(link: cst.Call, receiver: cst.BaseExpression) -> cst.Call:
+    """`receiver.mul(...)` for the link `d.mul_(...)`."""
+    func = link.func
     assert isinstance(func, cst.Attribute)
     method = opfacts.out_of_place(func.attr.value)
     assert method is not None
-    inner = func.value
-    operands = [a.value for a in call.args]
-    if isinstance(inner, cst.Call):
-        inner, more = _twins(inner, None, target, qualified)
-        operands += more
-    else:
-        inner = target
-    plain = func.with_changes(value=inner, attr=cst.Name(method))
-    return call.with_changes(func=plain), operands
+    return link.with_changes(
+        func=func.with_changes(value=receiver, attr=cst.Name(method))
+    )
+
+
+def _function_twin(
+    call: cst.Call, function: str | None, qualified: dict[cst.CSTNode, str]
+) -> cst.Call:
+    """`torch.sigmoid(s)` for `torch.sigmoid_(s)`."""
+    func = call.func
+    assert isinstance(func, cst.Attribute) and function is not None
+    twin = func.with_changes(attr=cst.Name(func.attr.value[:-1]))
+    qualified[twin] = function
+    return call.with_changes(func=twin)
+
+
+def _shared_by_calls(body: cst.IndentedBlock, diff: Differentiator) -> set[str]:
+    """Names that another name may hold through a value an in-place call returns
+    (`e = d.mul_(2)`: `e` is `d`'s tensor; `f(d.add_(1))`), or that a walrus binds
+    (`e = (d := g * w)`). A call that is a statement of its own returns its value to
+    no one."""
+    alone: set[int] = set()
+    for node in nodes(body):
+        if isinstance(node, cst.Expr):
+            link = node.value
+            while isinstance(link, cst.Call):
+                alone.add(id(link))
+                func = link.func
+                link = func.value if isinstance(func, cst.Attribute) else func
+    names: set[str] = set()
+    for node in nodes(body):
+        if isinstance(node, cst.NamedExpr):
+            names |= bound_target(node.target)
+        elif isinstance(node, cst.Call) and id(node) not in alone:
+            func = node.func
+            receiver: cst.CSTNode | None = None
+            if isinstance(func, cst.Attribute) and (
+                (func.attr.value.endswith("_") and not func.attr.value.endswith("__"))
+                or _says_inplace(node)
+            ):
+                qualified = diff.qualified_names.get(func) if dotted(func) else None
+                positional = [a for a in node.args if a.keyword is None and not a.star]
+                if qualified is None:
+                    receiver = func.value
+                elif positional:
+                    receiver = positional[0].value
+            elif _says_inplace(node) and node.args:
+                receiver = node.args[0].value
+            receiver = _base(receiver)
+            if isinstance(receiver, cst.Name):
+                names.add(receiver.value)
+    return names
+
+
+def _base(node: cst.CSTNode | None) -> cst.CSTNode | None:
+    """The name an expression changes through: `d` of `d[0]`, `d.T`, `d.mul_(2)`."""
+    while isinstance(node, (cst.Subscript, cst.Attribute, cst.Call)):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node
+
+
+def _gradient_views(
+    statements: Sequence[cst.BaseStatement], diff: Differentiator
+) -> dict[str, str]:
+    """Backward's names that may hold an incoming gradient's tensor or a view of it
+    (`d = g`, `d = g.view(-1)`, `d = g if c else g * 2`), each with the gradient."""
+    found = {g: g for g in diff.grad_params}
+    bindings = [
+        (target.value, node.value)
+        for statement in statements
+        for node in findall(statement, m.Assign() | m.AnnAssign())
+        if isinstance(node, (cst.Assign, cst.AnnAssign)) and node.value is not None
+        for target in (
+            [t.target for t in node.targets]
+            if isinstance(node, cst.Assign)
+            else [node.target]
+        )
+        if isinstance(target, cst.Name)
+    ]
+    changed = True
+    while changed:
+        changed = False
+        for name, value in bindings:
+            if name in found:
+                continue
+            for other, gradient in list(found.items()):
+                if may_share(value, other, diff.qualified_names.get, diff.handing_back):
+                    found[name] = gradient
+                    changed = True
+                    break
+    return {n: g for n, g in found.items() if n not in diff.grad_params}
+
+
+def _changes_incoming(
+    write: _BackwardWrite, gradient: str, path: str, lines: Sequence[str]
+) -> Diagnostic:
+    text = line_text(lines, write.line)
+    column = len(text) - len(text.lstrip()) + 1
+    return Diagnostic(
+        "S2S103",
+        f"this changes `{write.name}` in place, which may be the incoming gradient "
+        f"`{gradient}` or a view of it",
+        path,
+        write.line,
+        column,
+        text,
+        f"make `{write.name}` a new tensor first (`{write.name} = {gradient}.clone()`), "
+        "or write the op out of place",
+    )
 
 
 def _replacing(
     statements: Sequence[cst.BaseStatement],
-    changed: Mapping[cst.BaseSmallStatement, cst.BaseSmallStatement],
+    changed: Mapping[cst.BaseSmallStatement, Sequence[cst.BaseSmallStatement]],
 ) -> tuple[list[cst.BaseStatement], dict[cst.CSTNode, cst.CSTNode]]:
     """`statements` with the small statements in `changed` replaced, and each new
     statement with the one it replaces. Only the statements on the way to a change
@@ -1209,7 +1391,7 @@ def _replacing(
             if not any(small in changed for small in node.body):
                 return node
             new: cst.CSTNode = node.with_changes(
-                body=[changed.get(small, small) for small in node.body]
+                body=[n for small in node.body for n in changed.get(small, [small])]
             )
         elif isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.BaseExpression)):
             return node

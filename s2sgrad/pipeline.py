@@ -237,7 +237,13 @@ def _judge_forward(
             found += exc.diagnostics
             continue
         forward_kept = rewritten is diff
-        rewritten = backward_out_of_place(rewritten, evaluator.env, facts)
+        try:
+            rewritten = backward_out_of_place(
+                rewritten, evaluator.env, facts, path, parsed.lines
+            )
+        except TransformError as exc:
+            found += exc.diagnostics
+            continue
         judged.append((rewritten, evaluator if forward_kept else None))
     if found:
         raise TransformError(sorted(found, key=lambda d: (d.line, d.column)))

@@ -167,25 +167,34 @@ def _matmul_grad_other(grad: Tensor, x: Tensor, other: Tensor) -> Tensor:
 def _setitem(tensor: Tensor, index: Any, value: Any) -> Tensor:
     """`tensor[index] = value` on a copy: each value is bound once.
 
-    Under a torch.func transform a value the transform wraps (batched by `vmap`,
-    tracked by `grad`) cannot be stored into a tensor it does not wrap (`gx =
-    torch.zeros_like(x)` in backward, then `gx[m] = ...` under jacrev or hessian):
-    the copy is then made from the value, wrapped as it is.
+    Under torch.func transforms a value a transform wraps (batched by `vmap`, tracked
+    by `grad`) cannot be stored into a tensor it does not wrap (`gx =
+    torch.zeros_like(x)` in backward, then `gx[m] = ...` under jacrev or hessian, or
+    under `vmap` of `grad` with a batched weight): the copy is then made by an
+    out-of-place op of both, which every transform of either wraps.
     """
     if (
         isinstance(value, Tensor)
         and not torch.compiler.is_compiling()
         and _base_apply is not None
         and _transforms_active()
-        and _level(value) > _level(tensor)
+        and not _levels(value) <= _levels(tensor)
     ):
-        copy = value.new_zeros(tensor.shape, dtype=tensor.dtype, device=tensor.device)
-        copy.copy_(tensor)
-        tensor = copy
+        keep = value.new_zeros(tensor.shape, dtype=torch.bool, device=tensor.device)
+        tensor = torch.where(keep, tensor, tensor)
     else:
         tensor = tensor.clone()
     tensor[index] = value
     return tensor
+
+
+def _levels(tensor: Tensor) -> set[int]:
+    """The levels of the torch.func transforms that wrap `tensor`, at every depth."""
+    found = set()
+    while _wrapped(tensor):
+        found.add(_level(tensor))
+        tensor = _unwrapped_once(tensor)
+    return found
 
 
 def _save(ctx: Any, *values: Any) -> None:

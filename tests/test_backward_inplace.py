@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_outside_python import HEAD, _check, _r
+from test_outside_python import _check, _r, _refused
+
+HEAD = "import torch\nimport torch.nn.functional as F\n\n\n"
 
 CASES = {
     # sigmoid saved `d`, which mul_ changes.
@@ -77,6 +79,60 @@ def f(x: torch.Tensor, w: torch.Tensor):
         return gx, g * t
     return t * w, backward
 """,
+    # A later call of the chain reads what the earlier one made: `d + d` is 4x.
+    "chain reading its receiver": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        d = x.clone()
+        d.mul_(2).add_(d)
+        return g * w * d, g * 2 * x * x
+    return 2 * x * x * w, backward
+""",
+    # `e` is `gx`'s tensor, through the value the in-place call returns.
+    "alias returned by the write": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        gx = g * w
+        e = gx.mul_(2)
+        gx.mul_(2)
+        return e, 4 * g * x
+    return 4 * x * w, backward
+""",
+    "alias bound by a walrus": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        e = (gx := g * w)
+        gx.mul_(2)
+        return e, 2 * g * x
+    return 2 * x * w, backward
+""",
+    # Under no_grad the closure changes the values and keeps `d`'s graph (2 * x).
+    "no_grad block": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        d = 2 * x
+        with torch.no_grad():
+            d.clamp_(min=-100.0)
+        return g * w * d, g * x * x
+    return x * x * w, backward
+""",
+    "copy into a buffer": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.tanh(x)
+    def backward(g):
+        gx = torch.empty_like(x)
+        gx.copy_(g * w * (1 - t * t))
+        return gx, g * t
+    return t * w, backward
+""",
+    "inplace flag": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        d = torch.exp(x)
+        F.relu(d, inplace=True)
+        return g * w * d, g * d
+    return torch.exp(x) * w, backward
+""",
     # A sum that starts from the number 0 has no dtype to keep at its first `+=`.
     "accumulated from zero": """
 def f(x: torch.Tensor, w: torch.Tensor):
@@ -120,6 +176,17 @@ def test_backward_inplace_write_under_torch_func(tmp_path, case):
             got = transform(lambda a, b: loss(generated, a, b), argnums)(x, w)
             want = transform(lambda a, b: loss(closures, a, b), argnums)(x, w)
             torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
+    # Per-sample weights: vmap of grad, the weight batched and x not.
+    weights = torch.stack([_r(4, seed=s) for s in range(3)])
+    for argnums in (0, 1):
+        grads = [
+            torch.func.vmap(
+                torch.func.grad(lambda a, b, m=module: loss(m, a, b), argnums),
+                in_dims=(None, 0),
+            )(x, weights)
+            for module in (generated, closures)
+        ]
+        torch.testing.assert_close(*grads, rtol=1e-7, atol=1e-9)
 
 
 def test_backward_inplace_writes_read_as_bindings():
@@ -209,3 +276,22 @@ def test_forward_sum_of_tensors_keeps_its_dtype():
 
     source = HEAD + FORWARD_SUMS["straight"].replace("total = 0.0", "total = x * 2")
     assert "total = (total + (x * w)).to(total.dtype)" in transform(source, "m.py", "m")
+
+
+@pytest.mark.parametrize(
+    "binding", ["d = g", "d = g.view(-1).view_as(g)", "d = g if g.dim() else g * 2"]
+)
+def test_changing_an_incoming_gradient_through_another_name_is_refused(binding):
+    """`d = g; d.mul_(2)` changes the caller's gradient as `g.mul_(2)` does (S2S103),
+    and failed under jacfwd and hessian."""
+    source = HEAD + f"""
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        {binding}
+        d.mul_(2)
+        return d * w, (g * x).sum(0)
+    return 2 * x * w, backward
+"""
+    found = _refused(source)
+    assert found.code == "S2S103" and found.line == 9
+    assert "incoming gradient `g`" in found.message
