@@ -996,18 +996,16 @@ def backward_out_of_place(
     qualified: dict[cst.CSTNode, str] = {}
     bindings: dict[cst.BaseSmallStatement, list[cst.BaseSmallStatement]] = {}
     for write in found:
-        if write.name in incoming:
+        shares = id(write.node) in sharing.at or may_alias_at(
+            inside, write.name, write.node, aliases
+        )
+        if shares and write.name in incoming:
             problems.append(_changes_incoming(write, incoming[write.name], path, lines))
             continue
         value = evaluator.env.get(write.name)
         if value is None or TENSOR not in value.kinds or value.kinds & {SEQ, OTHER}:
             continue  # a list filled by index, or nothing known: kept as written
-        if (
-            id(write.node) in gradless
-            or write.name in shared
-            or id(write.node) in sharing.at
-            or may_alias_at(inside, write.name, write.node, aliases)
-        ):
+        if shares or id(write.node) in gradless or write.name in shared:
             continue
         bindings[write.small] = write.bindings(evaluator.env, qualified, inside)
     if problems:

@@ -133,6 +133,16 @@ def f(x: torch.Tensor, w: torch.Tensor):
         return g * w * d, g * d
     return torch.exp(x) * w, backward
 """,
+    # `gx` was the incoming gradient, and is a new tensor by the write.
+    "rebound from the incoming gradient": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        gx = g
+        gx = gx * w
+        gx.mul_(2)
+        return gx, 2 * g * x
+    return 2 * x * w, backward
+""",
     # A sum that starts from the number 0 has no dtype to keep at its first `+=`.
     "accumulated from zero": """
 def f(x: torch.Tensor, w: torch.Tensor):
