@@ -184,15 +184,22 @@ def _setitem(tensor: Tensor, index: Any, value: Any) -> Tensor:
         tensor = torch.where(keep, tensor, tensor)
     else:
         tensor = tensor.clone()
+    if isinstance(value, Tensor) and value.dtype != tensor.dtype:
+        # `t[m] += v` keeps `t`'s dtype in place, where `t[m] + v` may promote (a
+        # bfloat16 gradient plus a float32 one, under autocast); a store by a mask
+        # or a tensor index takes only its own dtype.
+        value = value.to(tensor.dtype)
     tensor[index] = value
     return tensor
 
 
 def _levels(tensor: Tensor) -> set[int]:
     """The levels of the torch.func transforms that wrap `tensor`, at every depth."""
+    from torch._C._functorch import maybe_get_level
+
     found = set()
     while _wrapped(tensor):
-        found.add(_level(tensor))
+        found.add(maybe_get_level(tensor))
         tensor = _unwrapped_once(tensor)
     return found
 
@@ -243,7 +250,6 @@ try:  # private torch API; another torch takes Function.apply as is
     from torch._C._functorch import get_interpreter_stack as _interpreters
     from torch._C._functorch import get_unwrapped as _unwrapped_once
     from torch._C._functorch import is_functorch_wrapped_tensor as _wrapped
-    from torch._C._functorch import maybe_get_level as _level
     from torch._functorch.utils import unwrap_dead_wrappers as _unwrap
 
     _base_apply: Any = torch._C._FunctionBase.__dict__["apply"]

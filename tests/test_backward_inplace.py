@@ -305,3 +305,29 @@ def f(x: torch.Tensor, w: torch.Tensor):
     found = _refused(source)
     assert found.code == "S2S103" and found.line == 9
     assert "incoming gradient `g`" in found.message
+
+
+MIXED = """
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        gx = torch.zeros_like(x, dtype=torch.float32)
+        m = x > 0
+        gx[m] += (g * w)[m]
+        return gx.to(g.dtype) + g * w * (x <= 0), (g * x).sum(0)
+    return x * w, backward
+"""
+
+
+def test_an_augmented_store_keeps_the_buffers_dtype(tmp_path):
+    """`gx[m] += v` keeps a float32 buffer float32 in place; written as
+    `_setitem(gx, m, gx[m] + v)` the float64 sum reached `index_put`, which refused it
+    (as under autocast, a bfloat16 buffer plus a float32 gradient)."""
+    from oracle import import_pair
+
+    closures, generated = import_pair(tmp_path, HEAD + MIXED, "bipm")
+    x, w = _r(3, 4).requires_grad_(), _r(4, seed=1).requires_grad_()
+    g = _r(3, 4, seed=2)
+    got = torch.autograd.grad(generated.f(x, w), (x, w), g)
+    want = closures.f(x, w)[1](g)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
