@@ -971,7 +971,9 @@ def backward_out_of_place(
     body = diff.backward.body
     if not isinstance(body, cst.IndentedBlock):
         return diff
-    own = set(diff.backward_locals)
+    # Backward's own names: what it binds (a name forward binds too is backward's
+    # own there, as Python scopes it), its incoming gradients aside.
+    own = bound(body) - set(diff.grad_params)
     found = [w for w in _backward_writes(body.body, diff) if w.name in own]
     if not found:
         return diff
@@ -991,6 +993,7 @@ def backward_out_of_place(
     aliases = aliasing_names(inside)
     gradless = _gradless(inside)
     shared = _shared_by_calls(body, diff)
+    escapes = _Escapes(body, found, diff, evaluator.env)
     incoming = _gradient_views(body.body, diff)
     problems: list[Diagnostic] = []
     qualified: dict[cst.CSTNode, str] = {}
@@ -999,13 +1002,22 @@ def backward_out_of_place(
         shares = id(write.node) in sharing.at or may_alias_at(
             inside, write.name, write.node, aliases
         )
+        if write.kind == "part" and not _basic_part(
+            _part(write), write.name, evaluator.env
+        ):
+            continue  # `gx[m].add_(v)` by a mask changes a copy: kept as written
         if shares and write.name in incoming:
             problems.append(_changes_incoming(write, incoming[write.name], path, lines))
             continue
         value = evaluator.env.get(write.name)
         if value is None or TENSOR not in value.kinds or value.kinds & {SEQ, OTHER}:
             continue  # a list filled by index, or nothing known: kept as written
-        if shares or id(write.node) in gradless or write.name in shared:
+        if (
+            shares
+            or id(write.node) in gradless
+            or write.name in shared
+            or escapes.before(write)
+        ):
             continue
         bindings[write.small] = write.bindings(evaluator.env, qualified, inside)
     if problems:
@@ -1036,7 +1048,7 @@ class _BackwardWrite:
     node: cst.CSTNode
     #: method (a chain `d.pow_(2).neg_()`), function (`torch.sigmoid_(d)`), inplace
     #: (`F.relu(d, inplace=True)`), copy (`d.copy_(v)`), store (`d[i] = v`,
-    #: `d[i] op= v`) or aug (`d op= v`).
+    #: `d[i] op= v`), part (`d[i].add_(v)`, `d[i].copy_(v)`) or aug (`d op= v`).
     kind: str
     #: The Name node that spells `name` in the write: the new binding's target.
     receiver: cst.Name
@@ -1064,6 +1076,20 @@ class _BackwardWrite:
             ):
                 value = _keeping_dtype(value, target)
             return [_assign(target, value)]
+        if self.kind == "part":  # `gx[i].add_(v)`: gx = _setitem(gx, i, gx[i].add(v))
+            assert isinstance(small, cst.Expr) and isinstance(self.node, cst.Call)
+            part = _part(self)
+            new = (
+                self.node.args[0].value
+                if _method(self.node) == "copy_"
+                else _method_twin(self.node, part)
+            )
+            func = cst.Name(SETITEM_NAME)
+            qualified[func] = SETITEM
+            index = _index(part)
+            assert index is not None
+            args = [cst.Arg(target), cst.Arg(index), cst.Arg(new)]
+            return [_assign(target, cst.Call(func, args))]
         if self.kind in ("store", "copy"):
             if isinstance(self.node, cst.Subscript):
                 stored = (
@@ -1119,6 +1145,20 @@ class _BackwardWrite:
         if all(_number(operand, values) for operand in operands):
             return plain
         return _keeping_dtype(plain, self.receiver)
+
+
+def _part(write: _BackwardWrite) -> cst.Subscript:
+    """The part `gx[i]` that `gx[i].add_(v)` changes."""
+    assert isinstance(write.node, cst.Call) and isinstance(
+        write.node.func, cst.Attribute
+    )
+    part = write.node.func.value
+    assert isinstance(part, cst.Subscript)
+    return part
+
+
+def _method(call: cst.Call) -> str | None:
+    return call.func.attr.value if isinstance(call.func, cst.Attribute) else None
 
 
 def _assign(target: cst.Name, value: cst.BaseExpression) -> cst.Assign:
@@ -1206,6 +1246,22 @@ def _backward_write(
         and not call.args[0].star
     ):
         return _BackwardWrite(func.value.value, small, call, "copy", func.value, line)
+    if (
+        isinstance(func, cst.Attribute)
+        and isinstance(func.value, cst.Subscript)
+        and isinstance(func.value.value, cst.Name)
+        and _index(func.value) is not None
+        and (
+            func.attr.value == "copy_"
+            and len(call.args) == 1
+            and call.args[0].keyword is None
+            and not call.args[0].star
+            or opfacts.is_inplace(func.attr.value)
+            and opfacts.out_of_place(func.attr.value) is not None
+        )
+    ):
+        name = func.value.value
+        return _BackwardWrite(name.value, small, call, "part", name, line)
     links = _links(call)
     if not links:
         return None
@@ -1280,6 +1336,243 @@ def _function_twin(
     return call.with_changes(func=twin)
 
 
+class _Escapes:
+    """Where backward hands a name's tensor to something that may keep it.
+
+    The sharing judge knows the bindings that make another name a tensor's (`e = d`,
+    views, containers). This is the check that leaves nothing out: every read of a
+    name that backward writes is either used up where it is read (an operand of
+    arithmetic or a comparison, an index, the argument of a torch op that makes a new
+    tensor, a value stored into a tensor) or escapes: it is returned, bound, put in a
+    container, handed to a callable s2sgrad does not know (`get()` of a def with the
+    default `v=d`, `map`, `d.numpy()`), or read by a lambda. An escape that may run
+    before a write keeps the write as written: the tensor it handed on would not see
+    the change otherwise.
+    """
+
+    def __init__(
+        self,
+        body: cst.IndentedBlock,
+        found: Sequence[_BackwardWrite],
+        diff: Differentiator,
+        values: Mapping[str, Value],
+    ) -> None:
+        self.diff = diff
+        self.values = values
+        self.parents: dict[int, cst.CSTNode] = {}
+        #: Where each statement sits: (id of its block, its index there, itself).
+        self.places: dict[int, tuple[int, int, cst.CSTNode]] = {}
+        self._index(body)
+        written = {id(w.receiver) for w in found}
+        names = {w.name for w in found}
+        #: For each written name, the escaping reads: the path of statements to each,
+        #: or None where it escapes inside a nested function (run at any time).
+        self.reads: dict[str, list[list[tuple[int, int, cst.CSTNode]] | None]] = {}
+        for node in nodes(body):
+            if (
+                isinstance(node, cst.Name)
+                and node.value in names
+                and id(node) not in written
+                and self._read(node)
+                and self._escapes(node)
+            ):
+                self.reads.setdefault(node.value, []).append(self._path(node))
+
+    def _index(self, node: cst.CSTNode) -> None:
+        for i, child in enumerate(node.children):
+            self.parents[id(child)] = node
+            if isinstance(node, cst.IndentedBlock) and child in node.body:
+                self.places[id(child)] = (id(node), i, child)
+            self._index(child)
+
+    def before(self, write: _BackwardWrite) -> bool:
+        """Whether an escaping read of the written name may run before the write."""
+        target = self._path(write.small)
+        assert target is not None
+        for path in self.reads.get(write.name, []):
+            if path is None:
+                return True
+            shared = 0
+            while (
+                shared < min(len(path), len(target))
+                and path[shared][:2] == target[shared][:2]
+            ):
+                shared += 1
+            loop = any(
+                isinstance(statement, (cst.For, cst.While))
+                for _, _, statement in target[:shared]
+            )
+            if shared == len(path) or shared == len(target):
+                return True  # in the same statement, or around it
+            (block, index, _), (other, at, _) = path[shared], target[shared]
+            if block == other:
+                if index < at or loop:
+                    return True
+            elif loop or not isinstance(target[shared - 1][2], cst.If):
+                return True  # not two branches of one `if`
+        return False
+
+    def _path(self, node: cst.CSTNode) -> list[tuple[int, int, cst.CSTNode]] | None:
+        """The statements around `node`, outermost first; None inside a nested def
+        or lambda."""
+        path = []
+        current: cst.CSTNode | None = node
+        while current is not None:
+            if isinstance(current, (cst.FunctionDef, cst.Lambda)):
+                return None
+            place = self.places.get(id(current))
+            if place is not None:
+                path.append(place)
+            current = self.parents.get(id(current))
+        return path[::-1]
+
+    def _read(self, node: cst.Name) -> bool:
+        """Whether a Name is read: not a name something binds (a target, a
+        parameter, `as d`), an attribute's or a keyword's name, or `del d`."""
+        parent = self.parents.get(id(node))
+        if isinstance(
+            parent, (cst.AssignTarget, cst.AugAssign, cst.NamedExpr, cst.For)
+        ):
+            return parent.target is not node
+        if isinstance(parent, cst.Attribute):
+            return parent.attr is not node
+        if isinstance(parent, (cst.AsName, cst.Param, cst.FunctionDef, cst.ClassDef)):
+            return parent.name is not node
+        if isinstance(parent, cst.Arg):
+            return parent.keyword is not node
+        return not isinstance(parent, cst.Del)
+
+    def _escapes(self, node: cst.CSTNode) -> bool:
+        while True:
+            parent = self.parents.get(id(node))
+            if isinstance(
+                parent,
+                (
+                    cst.BinaryOperation,
+                    cst.UnaryOperation,
+                    cst.Comparison,
+                    cst.ComparisonTarget,
+                    cst.Index,
+                    cst.Slice,
+                    cst.Expr,
+                    cst.If,
+                    cst.While,
+                    cst.Assert,
+                ),
+            ):
+                return False  # used up: a new value, a test, an index
+            if isinstance(parent, cst.BooleanOperation) or (
+                isinstance(parent, cst.IfExp) and parent.test is not node
+            ):
+                node = parent  # `None or d` is `d`
+            elif isinstance(parent, cst.IfExp):
+                return False
+            elif isinstance(parent, cst.Subscript) and parent.value is node:
+                node = parent  # a view, or a copy
+            elif isinstance(parent, cst.Attribute) and parent.value is node:
+                call = self.parents.get(id(parent))
+                if parent.attr.value in _METADATA:
+                    return False
+                if not (isinstance(call, cst.Call) and call.func is parent):
+                    return True  # `d.T`, `d.data`
+                method = f"torch.Tensor.{parent.attr.value}"
+                if not opfacts.signatures(method):
+                    return True  # `d.numpy()`, `d.__iadd__(0)`
+                if not _may_hand_on(method, parent.attr.value):
+                    return False
+                node = call
+            elif isinstance(parent, cst.Arg):
+                call = self.parents.get(id(parent))
+                if not isinstance(call, cst.Call):
+                    return True
+                hands = self._hands_on(call, parent)
+                if hands is None:
+                    return True
+                if not hands:
+                    return False
+                node = call
+            elif (
+                isinstance(parent, (cst.Assign, cst.AugAssign)) and parent.value is node
+            ):
+                targets = (
+                    [t.target for t in parent.targets]
+                    if isinstance(parent, cst.Assign)
+                    else [parent.target]
+                )
+                if all(self._into_tensor(t) for t in targets):
+                    return False  # a store into a tensor copies the values
+                if isinstance(parent, cst.AugAssign) and isinstance(
+                    parent.target, cst.Name
+                ):
+                    value = self.values.get(parent.target.value)
+                    return value is None or value.kinds != frozenset({TENSOR})
+                return True
+            else:
+                return True
+
+    def _into_tensor(self, target: cst.BaseExpression) -> bool:
+        """Whether `target` is `t[...]` of a name that holds a tensor only."""
+        if not (
+            isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name)
+        ):
+            return False
+        value = self.values.get(target.value.value)
+        return value is not None and value.kinds == frozenset({TENSOR})
+
+    def _hands_on(self, call: cst.Call, arg: cst.Arg) -> bool | None:
+        """Whether `call` may return (a view of) the argument `arg`: False where it
+        makes a new value, None where it may keep it otherwise."""
+        func = call.func
+        qualified = self.diff.qualified_names.get(func) if dotted(func) else None
+        if qualified is not None:
+            if not opfacts.signatures(qualified):
+                return None
+            first = [a for a in call.args if a.keyword is None][:1]
+            return (
+                bool(first) and first[0] is arg and _may_hand_on(qualified, qualified)
+            )
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            if method == "copy_" or (
+                opfacts.signatures(f"torch.Tensor.{method}") and method != "set_"
+            ):
+                return False  # `x.add(d)`, `gx.copy_(d)`: the values are taken
+            return None
+        if isinstance(func, cst.Name) and func.value in _CONSUMERS:
+            return False
+        return None
+
+
+def _may_hand_on(qualified: str, name: str) -> bool:
+    """Whether an op may return its input or a view of it (an in-place op does)."""
+    return (
+        opfacts.is_view(qualified)
+        or opfacts.returns_input(qualified)
+        or (name.endswith("_") and not name.endswith("__"))
+    )
+
+
+#: Builtins that read a tensor's values and keep nothing of it.
+_CONSUMERS = frozenset(
+    {
+        "len",
+        "float",
+        "int",
+        "bool",
+        "abs",
+        "round",
+        "print",
+        "isinstance",
+        "str",
+        "repr",
+    }
+)
+#: Attributes that are a tensor's metadata, not a view of its memory.
+_METADATA = frozenset(
+    {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "layout"}
+)
+
+
 def _shared_by_calls(body: cst.IndentedBlock, diff: Differentiator) -> set[str]:
     """Names that another name may hold through a value an in-place call returns
     (`e = d.mul_(2)`: `e` is `d`'s tensor; `f(d.add_(1))`), or that a walrus binds
@@ -1329,20 +1622,38 @@ def _gradient_views(
     statements: Sequence[cst.BaseStatement], diff: Differentiator
 ) -> dict[str, str]:
     """Backward's names that may hold an incoming gradient's tensor or a view of it
-    (`d = g`, `d = g.view(-1)`, `d = g if c else g * 2`), each with the gradient."""
+    (`d = g`, `d = g.view(-1)`, `d, e = g, x`, `a, b = g.split(2)`, `for row in g`,
+    `d = None or g`), each with the gradient."""
+    bindings: list[tuple[str, cst.BaseExpression]] = []
+
+    def bind(target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        if (
+            isinstance(target, (cst.Tuple, cst.List))
+            and isinstance(value, (cst.Tuple, cst.List))
+            and len(target.elements) == len(value.elements)
+            and not any(
+                isinstance(e, cst.StarredElement)
+                for e in (*target.elements, *value.elements)
+            )
+        ):
+            for left, right in zip(target.elements, value.elements, strict=True):
+                bind(left.value, right.value)
+        else:
+            bindings.extend((name, value) for name in bound_target(target))
+
+    for statement in statements:
+        for node in findall(
+            statement, m.Assign() | m.AnnAssign() | m.For() | m.NamedExpr()
+        ):
+            if isinstance(node, cst.Assign):
+                for target in node.targets:
+                    bind(target.target, node.value)
+            elif isinstance(node, (cst.AnnAssign, cst.NamedExpr)):
+                if node.value is not None:
+                    bind(node.target, node.value)
+            elif isinstance(node, cst.For):
+                bind(node.target, node.iter)
     found = {g: g for g in diff.grad_params}
-    bindings = [
-        (target.value, node.value)
-        for statement in statements
-        for node in findall(statement, m.Assign() | m.AnnAssign())
-        if isinstance(node, (cst.Assign, cst.AnnAssign)) and node.value is not None
-        for target in (
-            [t.target for t in node.targets]
-            if isinstance(node, cst.Assign)
-            else [node.target]
-        )
-        if isinstance(target, cst.Name)
-    ]
     changed = True
     while changed:
         changed = False

@@ -38,6 +38,12 @@ def may_share(
         return may_share(value.body, name, qualified, handing) or may_share(
             value.orelse, name, qualified, handing
         )
+    if isinstance(value, cst.BooleanOperation):  # `None or t` is `t`
+        return may_share(value.left, name, qualified, handing) or may_share(
+            value.right, name, qualified, handing
+        )
+    if isinstance(value, cst.NamedExpr):  # `(u := t)` is `t`
+        return may_share(value.value, name, qualified, handing)
     if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
         return any(may_share(e.value, name, qualified, handing) for e in value.elements)
     if isinstance(value, cst.Dict):

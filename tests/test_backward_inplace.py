@@ -143,6 +143,28 @@ def f(x: torch.Tensor, w: torch.Tensor):
         return gx, 2 * g * x
     return 2 * x * w, backward
 """,
+    # `gx[i]` is a view of `gx`: the op changes `gx`.
+    "op on a part": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.sin(x)
+    def backward(g):
+        gx = torch.zeros_like(x)
+        for i in range(x.shape[0]):
+            gx[i].add_(g[i] * w * torch.cos(x[i]))
+        gx[0, :2].copy_(g[0, :2] * w[:2] * torch.cos(x[0, :2]))
+        return gx, g * t
+    return t * w, backward
+""",
+    # Backward's `s` is its own, though forward binds an `s` too.
+    "named like a forward local": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    s = torch.tanh(x)
+    def backward(g):
+        s = torch.tanh(x)
+        s.pow_(2).neg_().add_(1)
+        return g * w * s, g * torch.tanh(x)
+    return s * w, backward
+""",
     # A sum that starts from the number 0 has no dtype to keep at its first `+=`.
     "accumulated from zero": """
 def f(x: torch.Tensor, w: torch.Tensor):
@@ -289,7 +311,17 @@ def test_forward_sum_of_tensors_keeps_its_dtype():
 
 
 @pytest.mark.parametrize(
-    "binding", ["d = g", "d = g.view(-1).view_as(g)", "d = g if g.dim() else g * 2"]
+    "binding",
+    [
+        "d = g",
+        "d = g.view(-1).view_as(g)",
+        "d = g if g.dim() else g * 2",
+        "d, e = g, g.clone()",
+        "d, *rest = [g, g]",
+        "d = None or g",
+        "d, e = g.split([1, 2])",
+        "for d in g.unbind(0):\n            pass",
+    ],
 )
 def test_changing_an_incoming_gradient_through_another_name_is_refused(binding):
     """`d = g; d.mul_(2)` changes the caller's gradient as `g.mul_(2)` does (S2S103),
@@ -303,7 +335,7 @@ def f(x: torch.Tensor, w: torch.Tensor):
     return 2 * x * w, backward
 """
     found = _refused(source)
-    assert found.code == "S2S103" and found.line == 9
+    assert found.code == "S2S103" and found.line == 9 + binding.count("\n")
     assert "incoming gradient `g`" in found.message
 
 
@@ -331,3 +363,58 @@ def test_an_augmented_store_keeps_the_buffers_dtype(tmp_path):
     want = closures.f(x, w)[1](g)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
+
+
+ESCAPES = {
+    "or": "b = None or a",
+    "and": "b = True and a",
+    "default of a def": "def get(v=a):\n            return v\n        b = get()",
+    "default of a lambda": "get = lambda v=a: v\n        b = get()",
+    "map": "b = list(map(lambda v: v, [a]))[0]",
+    "walrus statement": "(b := a)",
+    "walrus in a binding": "b = (c := a)",
+    "dunder": "b = a.__iadd__(0)",
+    "list item": "box = [None]\n        box[0] = a\n        b = box[0]",
+    "in a branch of a loop": (
+        "b = a * 1\n        for i in range(2):\n            if i == 1:\n"
+        "                b = a\n            a.mul_(1)"
+    ),
+}
+
+
+@pytest.mark.parametrize("binding", list(ESCAPES.values()), ids=list(ESCAPES))
+def test_a_tensor_handed_on_before_the_write_sees_it(tmp_path, binding):
+    """`b` holds `a`'s tensor in ways no binding rule names (an outside probe found
+    each): written out of place, `a.mul_(2)` left `b` at the old values, and the x
+    gradient came out half the true one, at first order."""
+    from oracle import import_pair
+
+    source = HEAD + f"""
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.tanh(x)
+    def backward(g):
+        a = g * w * (1 - t * t)
+        {binding}
+        a.mul_(2)
+        return b / 2, g * t
+    return t * w, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "bipe")
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
+
+
+@pytest.mark.parametrize("binding", ["b = None or t", "b = True and t"])
+def test_forward_write_another_name_holds_by_an_operator_is_refused(binding):
+    """`b = None or t` makes `b` forward's `t` itself: `t.mul_(2)`
+    written out of place left `b` as it was (the op's output wrong), silently."""
+    source = HEAD + f"""
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = x * w
+    {binding}
+    t.mul_(2)
+    def backward(g):
+        return g * w * 2, g * x * 2
+    return b * 1.0, backward
+"""
+    found = _refused(source)
+    assert found.code == "S2S123" and "`b` may share its memory" in found.message
