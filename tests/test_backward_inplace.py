@@ -418,3 +418,21 @@ def f(x: torch.Tensor, w: torch.Tensor):
 """
     found = _refused(source)
     assert found.code == "S2S123" and "`b` may share its memory" in found.message
+
+
+def test_rewritten_backwards_pass_mypy_strict(tmp_path):
+    """What the rewrite writes is typed as the rest of the module is. (A sum started
+    from the number 0 is left out: its source binds one name to an int and to a
+    tensor, which mypy refuses in the closure too.)"""
+    from oracle import mypy_strict
+
+    from s2sgrad import transform
+
+    source = HEAD + "\n".join(
+        case_source.replace("def f(", f"def f{i}(")
+        for i, (case, case_source) in enumerate(CASES.items())
+        if case != "accumulated from zero"
+    )
+    text = transform(source, "m.py", "m")
+    assert text.count("its in-place ops out of place") >= 5
+    assert mypy_strict(tmp_path, "m_grad.py", text) == ""
