@@ -504,3 +504,14 @@ def _matched_types(matcher: object) -> tuple[type[cst.CSTNode], ...] | None:
         if isinstance(kind, type) and issubclass(kind, cst.CSTNode):
             return (kind,)
     return None
+
+
+def says_inplace(call: cst.Call) -> bool:
+    """Whether a call passes `inplace=True` (`F.relu(t, inplace=True)`)."""
+    return any(
+        a.keyword is not None
+        and a.keyword.value == "inplace"
+        and isinstance(a.value, cst.Name)
+        and a.value.value == "True"
+        for a in call.args
+    )

@@ -29,7 +29,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound, bound_target, dotted, findall, nodes
+from s2sgrad.cst import bound, bound_target, dotted, findall, nodes, says_inplace
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names, may_alias_at
@@ -443,20 +443,8 @@ class _Sharing:
     def _pairs(
         self, target: cst.BaseExpression, value: cst.BaseExpression, inside: bool
     ) -> None:
-        """Bind `a, b = u, v` element by element; anything else as a whole."""
-        if (
-            isinstance(target, (cst.Tuple, cst.List))
-            and isinstance(value, (cst.Tuple, cst.List))
-            and len(target.elements) == len(value.elements)
-            and not any(
-                isinstance(e, cst.StarredElement)
-                for e in (*target.elements, *value.elements)
-            )
-        ):
-            for left, right in zip(target.elements, value.elements, strict=True):
-                self._pairs(left.value, right.value, inside)
-            return
-        self._share(_names_bound(target), value, inside)
+        for part, part_value in _paired(target, value):
+            self._share(_names_bound(part), part_value, inside)
 
     def _share(
         self, targets: list[str], value: cst.BaseExpression, inside: bool
@@ -475,6 +463,27 @@ class _Sharing:
                     )
             elif target not in viewed and not inside:
                 self._reasons.pop(target, None)  # a fresh value
+
+
+def _paired(
+    target: cst.BaseExpression, value: cst.BaseExpression
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """`a, b = u, v` element by element; anything else as a whole."""
+    if (
+        isinstance(target, (cst.Tuple, cst.List))
+        and isinstance(value, (cst.Tuple, cst.List))
+        and len(target.elements) == len(value.elements)
+        and not any(
+            isinstance(e, cst.StarredElement)
+            for e in (*target.elements, *value.elements)
+        )
+    ):
+        return [
+            pair
+            for left, right in zip(target.elements, value.elements, strict=True)
+            for pair in _paired(left.value, right.value)
+        ]
+    return [(target, value)]
 
 
 def _names_bound(target: cst.BaseExpression) -> list[str]:
@@ -1222,7 +1231,7 @@ def _backward_write(
     if qualified is not None:
         if not isinstance(receiver, cst.Name):
             return None
-        if _says_inplace(call) and len(positional) == len(call.args) - 1:
+        if says_inplace(call) and len(positional) == len(call.args) - 1:
             return _BackwardWrite(
                 receiver.value, small, call, "inplace", receiver, line
             )
@@ -1270,16 +1279,6 @@ def _backward_write(
     if not isinstance(base.value, cst.Name):
         return None
     return _BackwardWrite(base.value.value, small, links[0], "method", base.value, line)
-
-
-def _says_inplace(call: cst.Call) -> bool:
-    """Whether a call passes `inplace=True` (`F.relu(d, inplace=True)`)."""
-    return any(
-        a.keyword is not None
-        and a.keyword.value == "inplace"
-        and m.matches(a.value, m.Name("True"))
-        for a in call.args
-    )
 
 
 def _stored(
@@ -1595,7 +1594,7 @@ def _shared_by_calls(body: cst.IndentedBlock, diff: Differentiator) -> set[str]:
             receiver: cst.CSTNode | None = None
             if isinstance(func, cst.Attribute) and (
                 (func.attr.value.endswith("_") and not func.attr.value.endswith("__"))
-                or _says_inplace(node)
+                or says_inplace(node)
             ):
                 qualified = diff.qualified_names.get(func) if dotted(func) else None
                 positional = [a for a in node.args if a.keyword is None and not a.star]
@@ -1603,7 +1602,7 @@ def _shared_by_calls(body: cst.IndentedBlock, diff: Differentiator) -> set[str]:
                     receiver = func.value
                 elif positional:
                     receiver = positional[0].value
-            elif _says_inplace(node) and node.args:
+            elif says_inplace(node) and node.args:
                 receiver = node.args[0].value
             receiver = _base(receiver)
             if isinstance(receiver, cst.Name):
@@ -1627,19 +1626,8 @@ def _gradient_views(
     bindings: list[tuple[str, cst.BaseExpression]] = []
 
     def bind(target: cst.BaseExpression, value: cst.BaseExpression) -> None:
-        if (
-            isinstance(target, (cst.Tuple, cst.List))
-            and isinstance(value, (cst.Tuple, cst.List))
-            and len(target.elements) == len(value.elements)
-            and not any(
-                isinstance(e, cst.StarredElement)
-                for e in (*target.elements, *value.elements)
-            )
-        ):
-            for left, right in zip(target.elements, value.elements, strict=True):
-                bind(left.value, right.value)
-        else:
-            bindings.extend((name, value) for name in bound_target(target))
+        for part, part_value in _paired(target, value):
+            bindings.extend((name, part_value) for name in bound_target(part))
 
     for statement in statements:
         for node in findall(

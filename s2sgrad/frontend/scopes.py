@@ -30,7 +30,7 @@ from libcst.metadata import (
 )
 
 from s2sgrad import opfacts
-from s2sgrad.cst import findall, nodes, walk
+from s2sgrad.cst import findall, nodes, says_inplace, walk
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.locate import Locator
 from s2sgrad.frontend.model import (
@@ -1213,7 +1213,7 @@ class _MutationFinder(cst.CSTVisitor):
         flag = self._positional_inplace(node, positional)
         if flag is not None:
             self._hit(flag, positional[0].value, "inplace", _code(func))
-        if isinstance(func, cst.Call) and positional and _says_inplace(func):
+        if isinstance(func, cst.Call) and positional and says_inplace(func):
             # `nn.ReLU(inplace=True)(t)`: the module made there changes `t`.
             self._hit(func, positional[0].value, "inplace", _code(func.func))
         helper = self.helpers.get(func.value) if isinstance(func, cst.Name) else None
@@ -1384,13 +1384,3 @@ def _import_code(name: str, node: cst.CSTNode) -> str:
                 alias_code = code(alias.with_changes(comma=cst.MaybeSentinel.DEFAULT))
                 return f"from {dots}{module} import {alias_code}"
     return ""
-
-
-def _says_inplace(call: cst.Call) -> bool:
-    """Whether a call passes `inplace=True`."""
-    return any(
-        a.keyword is not None
-        and a.keyword.value == "inplace"
-        and m.matches(a.value, m.Name("True"))
-        for a in call.args
-    )
