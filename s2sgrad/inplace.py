@@ -737,15 +737,17 @@ def _surely_tensor(
     target: cst.BaseAssignTargetExpression,
     values: Mapping[str, Value],
     diff: Differentiator,
+    kinds: frozenset[str] = frozenset({TENSOR}),
 ) -> bool:
     """Whether `target`, a name, holds a tensor at every `target op= ...`: every
     binding of it is `name = value` of a tensor. `total = 0` then `total += t` adds
-    to a number first, which has no dtype to keep."""
+    to a number first, which has no dtype to keep. (With `kinds`: a value of those
+    kinds, a tensor among them.)"""
     if not isinstance(target, cst.Name):
         return False
     name = target.value
     value = values.get(name)
-    if value is None or value.kinds != frozenset({TENSOR}):
+    if value is None or TENSOR not in value.kinds or not value.kinds <= kinds:
         return False
     evaluator = Evaluator(diff.qualified_names, dict(values))
     for statement in statements:
@@ -757,7 +759,8 @@ def _surely_tensor(
                     node.targets[0].target, m.Name(name)
                 ):
                     return False
-                if evaluator.expr(node.value).kinds != frozenset({TENSOR}):
+                found = evaluator.expr(node.value).kinds
+                if not found or not found <= kinds:
                     return False
             elif name in _bound_by(node):
                 return False
@@ -1007,19 +1010,27 @@ def backward_out_of_place(
     problems: list[Diagnostic] = []
     qualified: dict[cst.CSTNode, str] = {}
     bindings: dict[cst.BaseSmallStatement, list[cst.BaseSmallStatement]] = {}
+    dynamic = any(
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Name)
+        and node.func.value in _DYNAMIC
+        for node in nodes(body)
+    )
+    counters = _range_counters(body)
     for write in found:
         shares = id(write.node) in sharing.at or may_alias_at(
             inside, write.name, write.node, aliases
         )
-        if write.kind == "part" and not _basic_part(
-            _part(write), write.name, evaluator.env
-        ):
-            continue  # `gx[m].add_(v)` by a mask changes a copy: kept as written
         if shares and write.name in incoming:
             problems.append(_changes_incoming(write, incoming[write.name], path, lines))
             continue
-        value = evaluator.env.get(write.name)
-        if value is None or TENSOR not in value.kinds or value.kinds & {SEQ, OTHER}:
+        if dynamic:
+            continue  # `locals()["d"]`, `eval("d")`: any name may be read
+        if write.kind == "part" and not _int_index(_part(write), counters):
+            continue  # `gx[m].add_(v)` by a mask changes a copy: kept as written
+        # `n += 1` on a number rebinds it anyway; anything else must be a tensor.
+        kinds = frozenset({TENSOR, NUMBER} if write.kind == "aug" else {TENSOR})
+        if not _surely_tensor(body.body, write.receiver, evaluator.env, diff, kinds):
             continue  # a list filled by index, or nothing known: kept as written
         if (
             shares
@@ -1358,6 +1369,7 @@ class _Escapes:
     ) -> None:
         self.diff = diff
         self.values = values
+        self.statements = body.body
         self.parents: dict[int, cst.CSTNode] = {}
         #: Where each statement sits: (id of its block, its index there, itself).
         self.places: dict[int, tuple[int, int, cst.CSTNode]] = {}
@@ -1444,26 +1456,30 @@ class _Escapes:
     def _escapes(self, node: cst.CSTNode) -> bool:
         while True:
             parent = self.parents.get(id(node))
-            if isinstance(
+            if isinstance(parent, cst.UnaryOperation) and isinstance(
+                parent.operator, cst.Plus
+            ):
+                node = parent  # `+a` is `a` itself
+            elif isinstance(
                 parent,
                 (
                     cst.BinaryOperation,
                     cst.UnaryOperation,
                     cst.Comparison,
                     cst.ComparisonTarget,
-                    cst.Index,
-                    cst.Slice,
                     cst.Expr,
                     cst.If,
                     cst.While,
                     cst.Assert,
                 ),
             ):
-                return False  # used up: a new value, a test, an index
-            if isinstance(parent, cst.BooleanOperation) or (
+                return False  # used up: a new value, or a test
+            elif isinstance(parent, cst.Index):
+                return not self._indexes_a_tensor(parent)  # a dict keeps its keys
+            elif isinstance(parent, cst.BooleanOperation) or (
                 isinstance(parent, cst.IfExp) and parent.test is not node
             ):
-                node = parent  # `None or d` is `d`
+                node = parent  # `None or a` is `a`
             elif isinstance(parent, cst.IfExp):
                 return False
             elif isinstance(parent, cst.Subscript) and parent.value is node:
@@ -1473,23 +1489,18 @@ class _Escapes:
                 if parent.attr.value in _METADATA:
                     return False
                 if not (isinstance(call, cst.Call) and call.func is parent):
-                    return True  # `d.T`, `d.data`
+                    return True  # `a.T`, `a.data`
                 method = f"torch.Tensor.{parent.attr.value}"
-                if not opfacts.signatures(method):
-                    return True  # `d.numpy()`, `d.__iadd__(0)`
-                if not _may_hand_on(method, parent.attr.value):
+                if _makes_new(method, call):
                     return False
+                if not _may_hand_on(method, parent.attr.value):
+                    return True  # `a.numpy()`, `a.type(...)`: nothing known
                 node = call
             elif isinstance(parent, cst.Arg):
                 call = self.parents.get(id(parent))
-                if not isinstance(call, cst.Call):
+                if not isinstance(call, cst.Call) or not self._takes_values(call):
                     return True
-                hands = self._hands_on(call, parent)
-                if hands is None:
-                    return True
-                if not hands:
-                    return False
-                node = call
+                return False
             elif (
                 isinstance(parent, (cst.Assign, cst.AugAssign)) and parent.value is node
             ):
@@ -1500,46 +1511,105 @@ class _Escapes:
                 )
                 if all(self._into_tensor(t) for t in targets):
                     return False  # a store into a tensor copies the values
-                if isinstance(parent, cst.AugAssign) and isinstance(
-                    parent.target, cst.Name
-                ):
-                    value = self.values.get(parent.target.value)
-                    return value is None or value.kinds != frozenset({TENSOR})
-                return True
+                return not (
+                    isinstance(parent, cst.AugAssign)
+                    and isinstance(parent.target, cst.Name)
+                    and self._tensor(parent.target.value)
+                )  # `gx += a` adds the values
             else:
                 return True
 
+    def _tensor(self, name: str) -> bool:
+        """Whether every binding of `name` in backward is a tensor."""
+        return _surely_tensor(self.statements, cst.Name(name), self.values, self.diff)
+
     def _into_tensor(self, target: cst.BaseExpression) -> bool:
         """Whether `target` is `t[...]` of a name that holds a tensor only."""
-        if not (
-            isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name)
-        ):
-            return False
-        value = self.values.get(target.value.value)
-        return value is not None and value.kinds == frozenset({TENSOR})
+        return (
+            isinstance(target, cst.Subscript)
+            and isinstance(target.value, cst.Name)
+            and self._tensor(target.value.value)
+        )
 
-    def _hands_on(self, call: cst.Call, arg: cst.Arg) -> bool | None:
-        """Whether `call` may return (a view of) the argument `arg`: False where it
-        makes a new value, None where it may keep it otherwise."""
+    def _indexes_a_tensor(self, index: cst.Index) -> bool:
+        """Whether the subscript an index belongs to indexes a tensor (which copies
+        what an index tensor says), not a dict or a list (which keep it)."""
+        element = self.parents.get(id(index))
+        subscript = self.parents.get(id(element))
+        return (
+            isinstance(subscript, cst.Subscript)
+            and isinstance(subscript.value, cst.Name)
+            and self._tensor(subscript.value.value)
+        )
+
+    def _takes_values(self, call: cst.Call) -> bool:
+        """Whether `call` reads its tensor arguments' values and keeps none of them:
+        a torch op that makes a new tensor (pointwise math, a reduction), an op of
+        another tensor (`x.add(a)`, `gx.copy_(a)`), a builtin such as `len`."""
         func = call.func
         qualified = self.diff.qualified_names.get(func) if dotted(func) else None
         if qualified is not None:
-            if not opfacts.signatures(qualified):
-                return None
-            first = [a for a in call.args if a.keyword is None][:1]
-            return (
-                bool(first) and first[0] is arg and _may_hand_on(qualified, qualified)
-            )
+            return _makes_new(qualified, call)
         if isinstance(func, cst.Attribute):
             method = func.attr.value
-            if method == "copy_" or (
-                opfacts.signatures(f"torch.Tensor.{method}") and method != "set_"
-            ):
-                return False  # `x.add(d)`, `gx.copy_(d)`: the values are taken
-            return None
-        if isinstance(func, cst.Name) and func.value in _CONSUMERS:
-            return False
-        return None
+            return method == "copy_" or _makes_new(
+                f"torch.Tensor.{method.removesuffix('_')}", call
+            )
+        return isinstance(func, cst.Name) and func.value in _CONSUMERS
+
+
+def _makes_new(qualified: str, call: cst.Call) -> bool:
+    """Whether a torch op surely returns a new tensor, sharing no argument's memory:
+    pointwise math and the reductions and products below. The tables of views and
+    of ops that may return an input leave some out (`einsum`, `Tensor.type`,
+    `dropout1d`), so what is not known to make a new tensor is taken to keep one."""
+    name = qualified.rsplit(".", 1)[-1]
+    if (
+        name.endswith("_")
+        or opfacts.is_view(qualified)
+        or opfacts.returns_input(qualified)
+    ):
+        return False
+    if says_inplace(call) or (
+        qualified.startswith("torch.nn.functional.")
+        and any(m.matches(a.value, m.Name("True")) for a in call.args)
+    ):
+        return False  # `F.relu(a, True)`: in place, by position
+    return (opfacts.is_pointwise(qualified) and name != "positive") or name in _NEW
+
+
+#: Ops besides pointwise math that always return new tensors.
+_NEW = frozenset(
+    {
+        "sum",
+        "mean",
+        "prod",
+        "amax",
+        "amin",
+        "norm",
+        "var",
+        "std",
+        "logsumexp",
+        "softmax",
+        "log_softmax",
+        "matmul",
+        "mm",
+        "bmm",
+        "mv",
+        "dot",
+        "outer",
+        "cumsum",
+        "cumprod",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "empty_like",
+        "rand_like",
+        "randn_like",
+        "item",
+        "tolist",
+    }
+)
 
 
 def _may_hand_on(qualified: str, name: str) -> bool:
@@ -1549,6 +1619,68 @@ def _may_hand_on(qualified: str, name: str) -> bool:
         or opfacts.returns_input(qualified)
         or (name.endswith("_") and not name.endswith("__"))
     )
+
+
+#: Builtins that read variables by their names at run time.
+_DYNAMIC = frozenset({"locals", "vars", "globals", "eval", "exec"})
+
+
+def _range_counters(body: cst.IndentedBlock) -> frozenset[str]:
+    """The names backward binds only as the counter of `for i in range(...)`: ints."""
+    counters: set[str] = set()
+    other: set[str] = set()
+    for node in nodes(body):
+        if isinstance(node, cst.For) and isinstance(node.target, cst.Name):
+            iterable = node.iter
+            if (
+                isinstance(iterable, cst.Call)
+                and isinstance(iterable.func, cst.Name)
+                and iterable.func.value == "range"
+            ):
+                counters.add(node.target.value)
+                continue
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For)):
+            other |= (
+                bound(node)
+                if not isinstance(node, cst.For)
+                else bound_target(node.target)
+            )
+        elif isinstance(node, (cst.NamedExpr, cst.AsName, cst.CompFor)):
+            target = node.name if isinstance(node, cst.AsName) else node.target
+            other |= bound_target(target)
+    return frozenset(counters - other)
+
+
+def _int_index(part: cst.Subscript, counters: frozenset[str]) -> bool:
+    """Whether `d[...]` indexes by ints, slices of ints, `None` or `...` only, so
+    that it is a view of `d` (a bool, a tensor or a list would make a copy)."""
+
+    def integer(node: cst.BaseExpression | None) -> bool:
+        if isinstance(node, cst.UnaryOperation) and isinstance(
+            node.operator, cst.Minus
+        ):
+            node = node.expression
+        return isinstance(node, cst.Integer) or (
+            isinstance(node, cst.Name) and node.value in counters
+        )
+
+    for element in part.slice:
+        index = element.slice
+        if isinstance(index, cst.Slice):
+            bounds = (index.lower, index.upper, index.step)
+            if not all(b is None or integer(b) for b in bounds):
+                return False
+        elif not (
+            isinstance(index, cst.Index)
+            and index.star is None
+            and (
+                integer(index.value)
+                or isinstance(index.value, cst.Ellipsis)
+                or m.matches(index.value, m.Name("None"))
+            )
+        ):
+            return False
+    return True
 
 
 #: Builtins that read a tensor's values and keep nothing of it.

@@ -375,6 +375,15 @@ ESCAPES = {
     "walrus in a binding": "b = (c := a)",
     "dunder": "b = a.__iadd__(0)",
     "list item": "box = [None]\n        box[0] = a\n        b = box[0]",
+    "unary plus": "b = +a",
+    "einsum": "b = torch.einsum('ij->ij', a)",
+    "type": "b = a.type(torch.float64)",
+    "dropout1d in eval": "b = F.dropout1d(a, 0.5, False)",
+    "positional inplace flag": "b = F.hardtanh(a, -100.0, 100.0, True)",
+    "input by keyword": "b = torch.reshape(input=a, shape=(3, 4))",
+    "a later argument": "_, b = torch.broadcast_tensors(g, a)",
+    "dict key": "dd = {}\n        dd[a] = 0\n        b = next(iter(dd))",
+    "locals": "b = locals()['a']",
     "in a branch of a loop": (
         "b = a * 1\n        for i in range(2):\n            if i == 1:\n"
         "                b = a\n            a.mul_(1)"
@@ -436,3 +445,39 @@ def test_rewritten_backwards_pass_mypy_strict(tmp_path):
     text = transform(source, "m.py", "m")
     assert text.count("its in-place ops out of place") >= 5
     assert mypy_strict(tmp_path, "m_grad.py", text) == ""
+
+
+KEPT = {
+    # `gx[flag]` by a bool is a copy: the closure's `add_` changes nothing.
+    "bool index": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.sin(x)
+    def backward(g):
+        gx = g * w * torch.cos(x)
+        flag = True
+        gx[flag].add_(1.0)
+        return gx, g * t
+    return t * w, backward
+""",
+    # `a` is a list where it is written, a tensor only at backward's end.
+    "a list at the write": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.sin(x)
+    def backward(g):
+        a = [g * w * torch.cos(x)]
+        a[0].mul_(2)
+        b = a[0]
+        a = g * 1
+        return b / 2, g * t
+    return t * w, backward
+""",
+}
+
+
+@pytest.mark.parametrize("case", list(KEPT))
+def test_writes_whose_kind_is_not_known_at_the_write_are_kept(tmp_path, case):
+    """What a name holds where it is written, not at backward's end, decides."""
+    from oracle import import_pair
+
+    closures, generated = import_pair(tmp_path, HEAD + KEPT[case], "bipk")
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
