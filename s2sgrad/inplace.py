@@ -29,7 +29,15 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound, bound_target, dotted, findall, nodes, says_inplace
+from s2sgrad.cst import (
+    bound,
+    bound_anywhere,
+    bound_target,
+    dotted,
+    findall,
+    nodes,
+    says_inplace,
+)
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names, may_alias_at
@@ -1017,6 +1025,24 @@ def backward_out_of_place(
         for node in nodes(body)
     )
     counters = _range_counters(body)
+    # A write in a `with` block may run with grad mode off however the block says
+    # so (`with ctx:`, `set_grad_enabled(flag)`), where the closure keeps the graph;
+    # one in a `try` may raise halfway, or raise where its out-of-place form would
+    # not, and the handler then sees what the in-place op left.
+    guarded = {
+        id(inner)
+        for node in nodes(body)
+        if isinstance(node, (cst.With, cst.Try, cst.TryStar))
+        for inner in nodes(node)
+    }
+    grad_mode = any(
+        isinstance(node, cst.Call)
+        and any(
+            word in (diff.qualified_names.get(node.func) or "")
+            for word in _GRAD_MODE_WORDS
+        )
+        for node in nodes(body)
+    )
     for write in found:
         shares = id(write.node) in sharing.at or may_alias_at(
             inside, write.name, write.node, aliases
@@ -1024,8 +1050,10 @@ def backward_out_of_place(
         if shares and write.name in incoming:
             problems.append(_changes_incoming(write, incoming[write.name], path, lines))
             continue
-        if dynamic:
+        if dynamic or grad_mode or id(write.small) in guarded:
             continue  # `locals()["d"]`, `eval("d")`: any name may be read
+        if _reads_a_view(write):
+            continue  # `d.mul_(d[:, :1])` reads what it has written already
         if write.kind == "part" and not _int_index(_part(write), counters):
             continue  # `gx[m].add_(v)` by a mask changes a copy: kept as written
         # `n += 1` on a number rebinds it anyway; anything else must be a tensor.
@@ -1147,9 +1175,9 @@ class _BackwardWrite:
                 for link in links
             ]
         plain: cst.BaseExpression = target
-        for link in links:
-            plain = _method_twin(link, plain)
-        return [_assign(target, self._kept(plain, links, values))]
+        for link in links:  # each in-place call keeps the dtype
+            plain = self._kept(_method_twin(link, plain), [link], values)
+        return [_assign(target, plain)]
 
     def _kept(
         self,
@@ -1369,7 +1397,10 @@ class _Escapes:
     ) -> None:
         self.diff = diff
         self.values = values
+        self.evaluator = Evaluator(diff.qualified_names, dict(values))
         self.statements = body.body
+        #: The names backward binds (a builtin it rebinds is not the builtin).
+        self.bound = bound_anywhere(body)
         self.parents: dict[int, cst.CSTNode] = {}
         #: Where each statement sits: (id of its block, its index there, itself).
         self.places: dict[int, tuple[int, int, cst.CSTNode]] = {}
@@ -1460,10 +1491,14 @@ class _Escapes:
                 parent.operator, cst.Plus
             ):
                 node = parent  # `+a` is `a` itself
+            elif isinstance(parent, cst.BinaryOperation):
+                other = parent.right if parent.left is node else parent.left
+                # A tensor or a number beside it makes a new tensor; an object's
+                # own `__add__` may keep it.
+                return not self._plain(other)
             elif isinstance(
                 parent,
                 (
-                    cst.BinaryOperation,
                     cst.UnaryOperation,
                     cst.Comparison,
                     cst.ComparisonTarget,
@@ -1498,6 +1533,8 @@ class _Escapes:
                 node = call
             elif isinstance(parent, cst.Arg):
                 call = self.parents.get(id(parent))
+                if parent.keyword is not None and parent.keyword.value == "out":
+                    return True  # `torch.add(a, 0, out=a)` returns `a`
                 if not isinstance(call, cst.Call) or not self._takes_values(call):
                     return True
                 return False
@@ -1519,9 +1556,12 @@ class _Escapes:
             else:
                 return True
 
-    def _tensor(self, name: str) -> bool:
-        """Whether every binding of `name` in backward is a tensor."""
-        return _surely_tensor(self.statements, cst.Name(name), self.values, self.diff)
+    def _tensor(self, name: str, numbers: bool = False) -> bool:
+        """Whether every binding of `name` in backward is a tensor (or a number)."""
+        kinds = frozenset({TENSOR, NUMBER} if numbers else {TENSOR})
+        return _surely_tensor(
+            self.statements, cst.Name(name), self.values, self.diff, kinds
+        )
 
     def _into_tensor(self, target: cst.BaseExpression) -> bool:
         """Whether `target` is `t[...]` of a name that holds a tensor only."""
@@ -1552,10 +1592,30 @@ class _Escapes:
             return _makes_new(qualified, call)
         if isinstance(func, cst.Attribute):
             method = func.attr.value
-            return method == "copy_" or _makes_new(
-                f"torch.Tensor.{method.removesuffix('_')}", call
+            return self._plain(func.value, numbers=False) and (
+                method == "copy_"
+                or _makes_new(f"torch.Tensor.{method.removesuffix('_')}", call)
             )
-        return isinstance(func, cst.Name) and func.value in _CONSUMERS
+        return (
+            isinstance(func, cst.Name)
+            and func.value in _CONSUMERS
+            and func.value not in self.bound
+            and func.value not in self.diff.globals_used
+        )
+
+    def _plain(self, node: cst.BaseExpression, numbers: bool = True) -> bool:
+        """Whether `node` surely is a tensor (or a number): what arithmetic with it,
+        or its tensor methods, make is new."""
+        kinds = self.evaluator.expr(node).kinds
+        allowed = {TENSOR, NUMBER} if numbers else {TENSOR}
+        if not kinds or not kinds <= allowed:
+            return False
+        names = [n for n in nodes(node) if isinstance(n, cst.Name)]
+        return all(
+            n.value not in self.bound or self._tensor(n.value, numbers)
+            for n in names
+            if n.value not in ("True", "False", "None")
+        )
 
 
 def _makes_new(qualified: str, call: cst.Call) -> bool:
@@ -1570,11 +1630,16 @@ def _makes_new(qualified: str, call: cst.Call) -> bool:
         or opfacts.returns_input(qualified)
     ):
         return False
-    if says_inplace(call) or (
-        qualified.startswith("torch.nn.functional.")
-        and any(m.matches(a.value, m.Name("True")) for a in call.args)
+    if qualified.startswith("torch.nn.functional.") and any(
+        (a.keyword is None and i > 0)
+        or (
+            a.keyword is not None
+            and a.keyword.value == "inplace"
+            and not m.matches(a.value, m.Name("False"))
+        )
+        for i, a in enumerate(call.args)
     ):
-        return False  # `F.relu(a, True)`: in place, by position
+        return False  # `F.relu(a, True)`, `inplace=flag`: maybe in place
     return (opfacts.is_pointwise(qualified) and name != "positive") or name in _NEW
 
 
@@ -1619,6 +1684,53 @@ def _may_hand_on(qualified: str, name: str) -> bool:
         or opfacts.returns_input(qualified)
         or (name.endswith("_") and not name.endswith("__"))
     )
+
+
+#: What the qualified names of calls that switch grad mode hold.
+_GRAD_MODE_WORDS = ("grad_enabled", "grad_mode", "no_grad", "inference_mode")
+
+
+def _reads_a_view(write: _BackwardWrite) -> bool:
+    """Whether the write's operands hold the written tensor or a view of it (`d[:,
+    :1]`, `d.t()`): in place, the op reads what it has already overwritten, where
+    its out-of-place form reads the old values."""
+    small = write.small
+    if isinstance(write.node, cst.Call):
+        operands = [
+            a.value
+            for call in _calls(write.node)
+            for a in call.args
+            if a.value is not write.receiver  # `torch.sigmoid_(d)` changes `d`
+        ]
+    elif isinstance(small, (cst.Assign, cst.AugAssign)):
+        operands = [small.value]
+    else:
+        return False
+    return any(_view_of(operand, write.name) for operand in operands)
+
+
+def _calls(call: cst.Call) -> list[cst.Call]:
+    """`call` and the calls of its receiver chain (`d.mul_(2).add_(v)`)."""
+    found = [call]
+    func = call.func
+    while isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+        found.append(func.value)
+        func = func.value.func
+    return found
+
+
+def _view_of(node: cst.BaseExpression, name: str) -> bool:
+    """Whether `node` may be `name`'s tensor or a view of it."""
+    if isinstance(node, cst.Name):
+        return node.value == name
+    if isinstance(node, cst.Attribute):
+        return node.attr.value not in _METADATA and _view_of(node.value, name)
+    if isinstance(node, cst.Subscript):
+        return _view_of(node.value, name)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        method = f"torch.Tensor.{node.func.attr.value}"
+        return not _makes_new(method, node) and _view_of(node.func.value, name)
+    return False
 
 
 #: Builtins that read variables by their names at run time.
