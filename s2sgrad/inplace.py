@@ -22,7 +22,7 @@ Invariant: the returned statements compute the same values as the source's.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
 import libcst as cst
@@ -367,8 +367,13 @@ class _Sharing:
     sharing (a loop body is read twice, for what its end hands its start).
     """
 
-    def __init__(self, diff: Differentiator) -> None:
+    def __init__(
+        self, diff: Differentiator, tensor: Callable[[str], bool] | None = None
+    ) -> None:
         self.diff = diff
+        #: Whether a name surely holds a tensor, where that is known (backward):
+        #: `gx[i] = acc` into a tensor copies `acc`'s values, and `gx` holds none.
+        self.tensor = tensor
         #: id of a write node -> why the name it writes is shared.
         self.at: dict[int, str] = {}
         self._reasons: dict[str, str] = {}
@@ -442,6 +447,12 @@ class _Sharing:
         )
         if not stored or not isinstance(base, cst.Name):
             return
+        if (
+            isinstance(target, cst.Subscript)
+            and self.tensor
+            and self.tensor(base.value)
+        ):
+            return  # a store into a tensor copies the values
         for held in _names_viewed(self.diff, value):
             if held != base.value:
                 self._reasons[held] = (
@@ -1009,7 +1020,10 @@ def backward_out_of_place(
             InPlace(w.name, w.node, w.kind, "", 0, 0) for w in found if w.kind != "aug"
         ),
     )
-    sharing = _Sharing(inside)
+    sharing = _Sharing(
+        inside,
+        lambda name: _surely_tensor(body.body, cst.Name(name), evaluator.env, diff),
+    )
     aliases = aliasing_names(inside)
     gradless = _gradless(inside)
     shared = _shared_by_calls(body, diff)
@@ -1401,6 +1415,7 @@ class _Escapes:
         self.statements = body.body
         #: The names backward binds (a builtin it rebinds is not the builtin).
         self.bound = bound_anywhere(body)
+        self.counters = _range_counters(body)
         self.parents: dict[int, cst.CSTNode] = {}
         #: Where each statement sits: (id of its block, its index there, itself).
         self.places: dict[int, tuple[int, int, cst.CSTNode]] = {}
@@ -1592,7 +1607,10 @@ class _Escapes:
             return _makes_new(qualified, call)
         if isinstance(func, cst.Attribute):
             method = func.attr.value
-            return self._plain(func.value, numbers=False) and (
+            receiver = _base(func.value)  # `gx[i].copy_(a)`: a method of `gx`'s
+            return (
+                isinstance(receiver, cst.Name) and self._plain(receiver, numbers=False)
+            ) and (
                 method == "copy_"
                 or _makes_new(f"torch.Tensor.{method.removesuffix('_')}", call)
             )
@@ -1612,7 +1630,9 @@ class _Escapes:
             return False
         names = [n for n in nodes(node) if isinstance(n, cst.Name)]
         return all(
-            n.value not in self.bound or self._tensor(n.value, numbers)
+            n.value not in self.bound
+            or n.value in self.counters
+            or self._tensor(n.value, numbers)
             for n in names
             if n.value not in ("True", "False", "None")
         )

@@ -155,6 +155,31 @@ def f(x: torch.Tensor, w: torch.Tensor):
         return gx, g * t
     return t * w, backward
 """,
+    # A reverse cumulative sum: `gx[i] = acc` copies `acc`, which stays backward's.
+    "running sum stored by rows": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    y = torch.cumsum(x, 0) * w
+    def backward(g):
+        gx = torch.zeros_like(x)
+        acc = torch.zeros_like(w)
+        for i in range(x.shape[0] - 1, -1, -1):
+            acc += g[i] * w
+            gx[i] = acc
+        return gx, g * torch.cumsum(x, 0)
+    return y, backward
+""",
+    "running sum copied by rows": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    y = torch.cumsum(x, 0) * w
+    def backward(g):
+        gx = torch.zeros_like(x)
+        acc = torch.zeros_like(w)
+        for i in range(x.shape[0] - 1, -1, -1):
+            acc.add_(g[i] * w)
+            gx[i].copy_(acc)
+        return gx, g * torch.cumsum(x, 0)
+    return y, backward
+""",
     # Backward's `s` is its own, though forward binds an `s` too.
     "named like a forward local": """
 def f(x: torch.Tensor, w: torch.Tensor):
