@@ -1020,14 +1020,17 @@ def backward_out_of_place(
             InPlace(w.name, w.node, w.kind, "", 0, 0) for w in found if w.kind != "aug"
         ),
     )
-    sharing = _Sharing(
-        inside,
-        lambda name: _surely_tensor(body.body, cst.Name(name), evaluator.env, diff),
-    )
+    escapes = _Escapes(body, found, diff, evaluator.env)
+    sharing = _Sharing(inside, escapes.tensor)
     aliases = aliasing_names(inside)
     gradless = _gradless(inside)
-    shared = _shared_by_calls(body, diff)
-    escapes = _Escapes(body, found, diff, evaluator.env)
+    # `e = (d := g * w)`: the walrus binds `d` and hands its value on at once.
+    walrus = {
+        name
+        for node in nodes(body)
+        if isinstance(node, cst.NamedExpr)
+        for name in bound_target(node.target)
+    }
     incoming = _gradient_views(body.body, diff)
     problems: list[Diagnostic] = []
     qualified: dict[cst.CSTNode, str] = {}
@@ -1071,13 +1074,12 @@ def backward_out_of_place(
         if write.kind == "part" and not _int_index(_part(write), counters):
             continue  # `gx[m].add_(v)` by a mask changes a copy: kept as written
         # `n += 1` on a number rebinds it anyway; anything else must be a tensor.
-        kinds = frozenset({TENSOR, NUMBER} if write.kind == "aug" else {TENSOR})
-        if not _surely_tensor(body.body, write.receiver, evaluator.env, diff, kinds):
+        if not escapes.tensor(write.name, numbers=write.kind == "aug"):
             continue  # a list filled by index, or nothing known: kept as written
         if (
             shares
             or id(write.node) in gradless
-            or write.name in shared
+            or write.name in walrus
             or escapes.before(write)
         ):
             continue
@@ -1416,6 +1418,7 @@ class _Escapes:
         #: The names backward binds (a builtin it rebinds is not the builtin).
         self.bound = bound_anywhere(body)
         self.counters = _range_counters(body)
+        self._tensors: dict[tuple[str, bool], bool] = {}
         self.parents: dict[int, cst.CSTNode] = {}
         #: Where each statement sits: (id of its block, its index there, itself).
         self.places: dict[int, tuple[int, int, cst.CSTNode]] = {}
@@ -1566,24 +1569,28 @@ class _Escapes:
                 return not (
                     isinstance(parent, cst.AugAssign)
                     and isinstance(parent.target, cst.Name)
-                    and self._tensor(parent.target.value)
+                    and self.tensor(parent.target.value)
                 )  # `gx += a` adds the values
             else:
                 return True
 
-    def _tensor(self, name: str, numbers: bool = False) -> bool:
-        """Whether every binding of `name` in backward is a tensor (or a number)."""
-        kinds = frozenset({TENSOR, NUMBER} if numbers else {TENSOR})
-        return _surely_tensor(
-            self.statements, cst.Name(name), self.values, self.diff, kinds
-        )
+    def tensor(self, name: str, numbers: bool = False) -> bool:
+        """Whether every binding of `name` in backward is a tensor (or a number);
+        each name is judged once."""
+        key = (name, numbers)
+        if key not in self._tensors:
+            kinds = frozenset({TENSOR, NUMBER} if numbers else {TENSOR})
+            self._tensors[key] = _surely_tensor(
+                self.statements, cst.Name(name), self.values, self.diff, kinds
+            )
+        return self._tensors[key]
 
     def _into_tensor(self, target: cst.BaseExpression) -> bool:
         """Whether `target` is `t[...]` of a name that holds a tensor only."""
         return (
             isinstance(target, cst.Subscript)
             and isinstance(target.value, cst.Name)
-            and self._tensor(target.value.value)
+            and self.tensor(target.value.value)
         )
 
     def _indexes_a_tensor(self, index: cst.Index) -> bool:
@@ -1594,7 +1601,7 @@ class _Escapes:
         return (
             isinstance(subscript, cst.Subscript)
             and isinstance(subscript.value, cst.Name)
-            and self._tensor(subscript.value.value)
+            and self.tensor(subscript.value.value)
         )
 
     def _takes_values(self, call: cst.Call) -> bool:
@@ -1632,7 +1639,7 @@ class _Escapes:
         return all(
             n.value not in self.bound
             or n.value in self.counters
-            or self._tensor(n.value, numbers)
+            or self.tensor(n.value, numbers)
             for n in names
             if n.value not in ("True", "False", "None")
         )
@@ -1834,44 +1841,6 @@ _CONSUMERS = frozenset(
 _METADATA = frozenset(
     {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "layout"}
 )
-
-
-def _shared_by_calls(body: cst.IndentedBlock, diff: Differentiator) -> set[str]:
-    """Names that another name may hold through a value an in-place call returns
-    (`e = d.mul_(2)`: `e` is `d`'s tensor; `f(d.add_(1))`), or that a walrus binds
-    (`e = (d := g * w)`). A call that is a statement of its own returns its value to
-    no one."""
-    alone: set[int] = set()
-    for node in nodes(body):
-        if isinstance(node, cst.Expr):
-            link = node.value
-            while isinstance(link, cst.Call):
-                alone.add(id(link))
-                func = link.func
-                link = func.value if isinstance(func, cst.Attribute) else func
-    names: set[str] = set()
-    for node in nodes(body):
-        if isinstance(node, cst.NamedExpr):
-            names |= bound_target(node.target)
-        elif isinstance(node, cst.Call) and id(node) not in alone:
-            func = node.func
-            receiver: cst.CSTNode | None = None
-            if isinstance(func, cst.Attribute) and (
-                (func.attr.value.endswith("_") and not func.attr.value.endswith("__"))
-                or says_inplace(node)
-            ):
-                qualified = diff.qualified_names.get(func) if dotted(func) else None
-                positional = [a for a in node.args if a.keyword is None and not a.star]
-                if qualified is None:
-                    receiver = func.value
-                elif positional:
-                    receiver = positional[0].value
-            elif says_inplace(node) and node.args:
-                receiver = node.args[0].value
-            receiver = _base(receiver)
-            if isinstance(receiver, cst.Name):
-                names.add(receiver.value)
-    return names
 
 
 def _base(node: cst.CSTNode | None) -> cst.CSTNode | None:
