@@ -1647,15 +1647,12 @@ class _Escapes:
 
 def _makes_new(qualified: str, call: cst.Call) -> bool:
     """Whether a torch op surely returns a new tensor, sharing no argument's memory:
-    pointwise math and the reductions and products below. The tables of views and
-    of ops that may return an input leave some out (`einsum`, `Tensor.type`,
-    `dropout1d`), so what is not known to make a new tensor is taken to keep one."""
+    pointwise math and the reductions and products below. The tables of ops that
+    may share memory come from schemas and probes, and a composite op they miss
+    would share silently, so what is not known to make a new tensor is taken to
+    keep one."""
     name = qualified.rsplit(".", 1)[-1]
-    if (
-        name.endswith("_")
-        or opfacts.is_view(qualified)
-        or opfacts.returns_input(qualified)
-    ):
+    if name.endswith("_") or opfacts.may_share_memory(qualified):
         return False
     if qualified.startswith("torch.nn.functional.") and any(
         (a.keyword is None and i > 0)
@@ -1706,10 +1703,8 @@ _NEW = frozenset(
 
 def _may_hand_on(qualified: str, name: str) -> bool:
     """Whether an op may return its input or a view of it (an in-place op does)."""
-    return (
-        opfacts.is_view(qualified)
-        or opfacts.returns_input(qualified)
-        or (name.endswith("_") and not name.endswith("__"))
+    return opfacts.may_share_memory(qualified) or (
+        name.endswith("_") and not name.endswith("__")
     )
 
 

@@ -94,17 +94,40 @@ def may_share(
         func = value.func
         dotted_name = qualified(func) if dotted(func) else None
         if dotted_name is not None:
-            first = [a for a in value.args if a.keyword is None][:1]
-            shares = opfacts.is_view(dotted_name) or opfacts.returns_input(dotted_name)
-            return (
-                bool(first)
-                and shares
-                and may_share(first[0].value, name, qualified, handing)
+            return any(
+                may_share(a, name, qualified, handing)
+                for a in shared_arguments(value, dotted_name)
             )
         method = f"torch.Tensor.{func.attr.value}"
-        shares = opfacts.is_view(method) or opfacts.returns_input(method)
-        return shares and may_share(func.value, name, qualified, handing)
+        return opfacts.may_share_memory(method) and may_share(
+            func.value, name, qualified, handing
+        )
     return False
+
+
+def shared_arguments(call: cst.Call, qualified: str) -> list[cst.BaseExpression]:
+    """The arguments of a call of the torch function `qualified` whose memory its
+    result may share: the first positional one of a view or of an op that may
+    return its input (`torch.narrow(t, ...)`); every one of an op that may share any
+    (`torch.broadcast_tensors(a, t)`, the items of a list given too); none for an op
+    that makes a new tensor, nor for `einsum` of two or more operands, which it
+    contracts into a new tensor (only a lone operand comes back permuted, or as is).
+    """
+    if not opfacts.may_share_memory(qualified):
+        return []
+    if not opfacts.shares_any_argument(qualified):
+        return [a.value for a in call.args if a.keyword is None][:1]
+    given = [e for a in call.args for e in _items(a.value)]
+    operands = given[1:] if qualified.endswith(".einsum") else []
+    if len(operands) > 1 and not any(a.star for a in call.args):
+        return []
+    return given
+
+
+def _items(value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(value, (cst.List, cst.Tuple)):
+        return [i for e in value.elements for i in _items(e.value)]
+    return [value]
 
 
 #: Methods that put their arguments into the list, set or dict they are called on

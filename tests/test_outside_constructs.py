@@ -19,7 +19,7 @@ import pytest
 import torch
 from oracle import assert_same, derivatives, import_pair, leaves
 
-from s2sgrad import transform
+from s2sgrad import opfacts, transform
 from s2sgrad.diagnostics import TransformError
 
 F64 = torch.float64
@@ -1038,3 +1038,75 @@ def test_an_in_place_write_under_no_grad_keeps_the_graph(
         "f",
         [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)],
     )
+
+
+# -- composite ops that hand back a view of an operand, which no schema says ------------
+
+COMPOSITE_SHARING = {
+    # A view of the temporary, then the temporary changed: the view sees the change.
+    "einsum of the base": ("b = torch.einsum('ij->ij', u)\n    u.mul_(2.0)", "S2S123"),
+    "einsum written": ("b = torch.einsum('ij->ji', u)\n    b.mul_(2.0)", "S2S123"),
+    "dropout1d in eval": ("b = F.dropout1d(u, 0.5, False)\n    u.mul_(2.0)", "S2S123"),
+    "Tensor.type": ("b = u.type(torch.float64)\n    u.mul_(2.0)", "S2S123"),
+    "asarray": ("b = torch.asarray(u)\n    u.mul_(2.0)", "S2S123"),
+    # The shared operand is not the first argument.
+    "broadcast, second": (
+        "_, b = torch.broadcast_tensors(x, u)\n    u.mul_(2.0)",
+        "S2S123",
+    ),
+    "meshgrid": ("b, = torch.meshgrid(u[0], indexing='ij')\n    u.mul_(2.0)", "S2S123"),
+    # A write through such a view, with no name bound to it.
+    "through einsum": ("b = u\n    torch.einsum('ij->ji', u).mul_(2.0)", "S2S123"),
+    "through broadcast": (
+        "b = u\n    torch.broadcast_tensors(u * 1.0, u)[1].mul_(2.0)",
+        "S2S123",
+    ),
+    # ... and through callees spelled other than `torch.name` (these wrote `u` in
+    # place unseen, so orders 2-3 used the changed `u` where autograd did not).
+    "through F.dropout": (
+        "b = u * 1.0\n    F.dropout(u, 0.5, False).mul_(2.0)",
+        "S2S123",
+    ),
+    "through Tensor.narrow": (
+        "b = u * 1.0\n    torch.Tensor.narrow(u, 0, 0, 2).mul_(2.0)",
+        "S2S123",
+    ),
+    "through functional.einsum": (
+        "b = u * 1.0\n    torch.functional.einsum('ij->ji', u).mul_(2.0)",
+        "S2S123",
+    ),
+    "through einsum, an input": (
+        "b = u\n    torch.einsum('ij->ji', x).mul_(2.0)",
+        "S2S103",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMPOSITE_SHARING))
+def test_writes_through_composite_views_are_refused(case):
+    """`einsum`, `dropout1d` in eval mode, `Tensor.type`, `asarray`, `meshgrid` and
+    `broadcast_tensors` may hand back a view of a tensor argument (not always the
+    first) although their schemas say nothing of it. Each of these converted; where
+    a name held the view, the write was rewritten out of place while the view kept
+    the old values (a wrong output and wrong gradients at every order), and a write
+    through an input's view changed the caller's tensor. Now refused, S2S123 on a
+    temporary and S2S103 on an input, at the write."""
+    body, code = COMPOSITE_SHARING[case]
+    source = (
+        "import torch\nimport torch.nn.functional as F\n\n\n"
+        "def f(x: torch.Tensor, w: torch.Tensor):\n"
+        "    u = x * w\n"
+        f"    {body}\n"
+        "    def backward(g):\n        return g * w, g * x\n"
+        "    return u + b, backward\n"
+    )
+    assert _refused(source)[:2] == (code, 7 + body.count("\n"))
+
+
+def test_composite_ops_that_share_are_in_the_table():
+    """The build probes them: each shares its input's storage in the installed torch."""
+    for name in ("torch.einsum", "torch.Tensor.type", "torch.nn.functional.dropout1d"):
+        assert opfacts.may_share_memory(name), name
+    assert opfacts.shares_any_argument("torch.broadcast_tensors")
+    assert not opfacts.shares_any_argument("torch.narrow")
+    assert not opfacts.may_share_memory("torch.matmul")

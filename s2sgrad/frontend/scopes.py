@@ -30,7 +30,7 @@ from libcst.metadata import (
 )
 
 from s2sgrad import opfacts
-from s2sgrad.cst import findall, nodes, says_inplace, walk
+from s2sgrad.cst import dotted, findall, nodes, says_inplace, walk
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.locate import Locator
 from s2sgrad.frontend.model import (
@@ -41,7 +41,7 @@ from s2sgrad.frontend.model import (
     InPlace,
     Use,
 )
-from s2sgrad.sharing import CONTAINER_ADDS, may_share
+from s2sgrad.sharing import CONTAINER_ADDS, may_share, shared_arguments
 
 
 @dataclass(frozen=True)
@@ -1185,11 +1185,10 @@ class _MutationFinder(cst.CSTVisitor):
         kind: str,
         code: str | None = None,
     ) -> None:
-        base = _base_name(target)
-        if base is not None:
-            shown = code if code is not None else _code(target)
+        shown = code if code is not None else _code(target)
+        for base, depth in _bases(target, self.qualified):
             hit = _Hit(node, base, self.depth_in_backward > 0, kind, shown)
-            self.hits.append(replace(hit, depth=_depth(target)))
+            self.hits.append(replace(hit, depth=depth))
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -1200,7 +1199,7 @@ class _MutationFinder(cst.CSTVisitor):
                 # A flag of the new tensor object `x.detach()` makes, not of `x`.
                 pass
             elif attr.endswith("_") and not attr.startswith("_"):
-                if _base_name(func.value) in self.imported:
+                if self._library(func.value):
                     # `torch.relu_(t)`, `nn.init.zeros_(w)`: the first argument.
                     if positional:
                         self._hit(node, positional[0].value, "function", _code(func))
@@ -1250,12 +1249,17 @@ class _MutationFinder(cst.CSTVisitor):
             ):
                 self._hit(arg, positional[0].value, "inplace", _code(func))
 
+    def _library(self, node: cst.BaseExpression) -> bool:
+        """Whether `node` names something of an imported module (`torch`,
+        `F.relu`), not a value made by a call (`F.dropout(t)`)."""
+        return dotted(node) and _base_name(node) in self.imported
+
     def _positional_inplace(
         self, node: cst.Call, positional: list[cst.Arg]
     ) -> cst.Arg | None:
         """The argument `True` given positionally to a library function's `inplace`
         parameter (`F.leaky_relu(t, 0.1, True)`), by the function's signature."""
-        if not positional or _base_name(node.func) not in self.imported:
+        if not positional or not self._library(node.func):
             return None
         name = self.qualified(node.func)
         for signature in opfacts.signatures(name) if name else ():
@@ -1292,48 +1296,67 @@ class _MutationFinder(cst.CSTVisitor):
                 self._hit(node, element, "store", f"del {_code(element)}")
 
 
-def _down(target: cst.BaseExpression) -> tuple[cst.BaseExpression, int]:
-    """What `target` is a part or view of, and through how many parts."""
+_Qualified = Callable[[cst.CSTNode], str | None]
+
+
+def _down(
+    target: cst.BaseExpression, qualified: _Qualified | None = None
+) -> list[tuple[cst.BaseExpression, int]]:
+    """What `target` is a part or view of, and through how many parts: one base for
+    most, one per tensor argument of an op that may share any of them
+    (`torch.broadcast_tensors(a, b)[1]`). `qualified` names the callees (`F.dropout`
+    is `torch.nn.functional.dropout`); without it a callee is read as written."""
     depth = 0
     while True:
         if isinstance(target, (cst.Subscript, cst.Attribute)):
             target = target.value
-        elif isinstance(target, cst.Call) and (inner := _viewed(target)) is not None:
-            target = inner
+        elif isinstance(target, cst.Call) and (inner := _viewed(target, qualified)):
+            if len(inner) > 1:
+                return [
+                    (b, depth + 1 + d) for i in inner for b, d in _down(i, qualified)
+                ]
+            target = inner[0]
         else:
-            return target, depth
+            return [(target, depth)]
         depth += 1
 
 
-def _depth(target: cst.BaseExpression) -> int:
-    """How many parts `target` is below the variable `_base_name` finds."""
-    return _down(target)[1]
+def _bases(target: cst.BaseExpression, qualified: _Qualified) -> list[tuple[str, int]]:
+    """The variables whose memory a write through `target` changes, each with how
+    many parts below it the target is."""
+    found = _down(target, qualified)
+    return [(b.value, d) for b, d in found if isinstance(b, cst.Name)]
 
 
 def _base_name(target: cst.BaseExpression) -> str | None:
     """Return `t` for `t`, `t[0]`, `t.data`, `t.data[0]`, and for a view of it
     (`t.diagonal()`, `t.view(-1)[0]`, `torch.narrow(t, 0, 0, 1)`): the variable whose
-    memory a write through the target changes. None for other targets."""
-    base = _down(target)[0]
-    return base.value if isinstance(base, cst.Name) else None
+    memory a write through the target changes. None for other targets (and for a
+    view that may be of any of several, which `_bases` lists)."""
+    bases = _down(target)
+    base = bases[0][0]
+    return base.value if len(bases) == 1 and isinstance(base, cst.Name) else None
 
 
-def _viewed(call: cst.Call) -> cst.BaseExpression | None:
-    """The tensor whose memory `call`'s result may share: the receiver of a view
+def _viewed(
+    call: cst.Call, qualified: _Qualified | None = None
+) -> list[cst.BaseExpression]:
+    """The tensors whose memory `call`'s result may share: the receiver of a view
     method (`t.diagonal()`), the first argument of a torch view function
-    (`torch.narrow(t, ...)`); None for a call that makes a new value."""
+    (`torch.narrow(t, ...)`, `F.dropout(t)`), every argument of one that may share
+    any (`torch.einsum("ij->ji", t)`); none for a call that makes a new value."""
     func = call.func
     if not isinstance(func, cst.Attribute):
-        return None
-    code = _code(func)
-    if code.startswith("torch.") and code.count(".") == 1:
-        positional = [a for a in call.args if a.keyword is None and not a.star]
-        shares = opfacts.is_view(code) or opfacts.returns_input(code)
-        return positional[0].value if shares and positional else None
-    method = f"torch.Tensor.{func.attr.value}"
-    if opfacts.is_view(method) or opfacts.returns_input(method):
-        return func.value
-    return None
+        return []
+    code = qualified(func) if qualified is not None else None
+    if code is None:
+        code = _code(func)
+        code = code if code.startswith("torch.") and code.count(".") == 1 else None
+    if code is not None and code.startswith("torch."):
+        return shared_arguments(call, code)
+    if opfacts.may_share_memory(f"torch.Tensor.{func.attr.value}"):
+        return [func.value]
+    return []
 
 
 def _code(node: cst.CSTNode) -> str:

@@ -236,6 +236,20 @@ def returns_input(qualified: str) -> bool:
     return _base(qualified) in table.RETURNS_INPUT
 
 
+def may_share_memory(qualified: str) -> bool:
+    """Tell whether the result may be, or share memory with, a tensor argument: a
+    view, an operator that may hand back its input, or a composite one that returns a
+    view of an operand on some inputs (`einsum`, `dropout1d` in eval mode)."""
+    base = _base(qualified)
+    return base in table.VIEW or base in table.RETURNS_INPUT or base in table.SHARES
+
+
+def shares_any_argument(qualified: str) -> bool:
+    """Tell whether the result may share memory with a tensor argument other than
+    the first (`einsum("ij->ji", x)`, `broadcast_tensors(a, b)[1]`)."""
+    return _base(qualified) in table.SHARES
+
+
 #: Modules besides torch whose every function draws random numbers (or seeds them).
 _RANDOM_MODULES = ("random.", "numpy.random.", "secrets.")
 

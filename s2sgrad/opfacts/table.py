@@ -2426,6 +2426,21 @@ RETURNS_INPUT: frozenset[str] = frozenset({
     'unsafe_chunk',
 })
 
+#: Operators whose result may share memory with any tensor argument.
+SHARES: frozenset[str] = frozenset({
+    'asarray',
+    'atleast_1d',
+    'atleast_2d',
+    'broadcast_tensors',
+    'dropout1d',
+    'dropout2d',
+    'dropout3d',
+    'einsum',
+    'meshgrid',
+    'type',
+    'unsafe_split',
+})
+
 #: Operators that draw random numbers.
 RANDOM: frozenset[str] = frozenset({
     '_cudnn_attention_backward',
