@@ -128,7 +128,7 @@ def out_of_place(
                 problems.append(_reject(write, why, path, lines))
             continue
         call = _call_of(diff, write)
-        why = _why_not(diff, write, call, aliases, shared, values)
+        why = _why_not(diff, write, call, aliases, shared)
         if why is None:
             assert call is not None
             rewrites[call] = write
@@ -268,7 +268,6 @@ def _why_not(
     call: cst.Call | None,
     aliases: frozenset[str],
     shared: str | None,
-    values: Mapping[str, Value],
 ) -> str | None:
     """Why a write cannot be rewritten out of place, or None when it can."""
     if write.kind == "helper":
@@ -280,7 +279,11 @@ def _why_not(
     if not _whole_statement(diff, call):
         return "it is used inside a larger expression"
     receiver = _receiver(write, call)
-    if _basic_part(receiver, write.name, values) and _alone(diff, call):
+    ints = integers(
+        diff.forward.body,
+        frozenset(p.name for p in diff.params if p.annotation == "int"),
+    )
+    if _basic_part(receiver, write.name, ints) and _alone(diff, call):
         pass  # `t[0].mul_(2)`: t = _setitem(t, 0, t[0].mul(2))
     elif isinstance(receiver, cst.Subscript) and m.matches(
         receiver.value, m.Name(write.name)
@@ -288,7 +291,7 @@ def _why_not(
         part = cst.Module([]).code_for_node(receiver)
         if _alone(diff, call):
             return (
-                f"`{part}` may index by a tensor or a list, which gives a copy: the "
+                f"`{part}` may index by a bool, a tensor or a list, which gives a copy: the "
                 f"op would change the copy and leave `{write.name}` as it was"
             )
         return f"it writes into `{part}`, a part of it, and its value is used"
@@ -300,44 +303,18 @@ def _why_not(
     return shared
 
 
-def _basic_part(
-    receiver: cst.BaseExpression, name: str, values: Mapping[str, Value]
-) -> bool:
+def _basic_part(receiver: cst.BaseExpression, name: str, ints: frozenset[str]) -> bool:
     """Whether `receiver` is `name[...]` by basic indexing (ints, slices, `None`,
     `...`): a view of the tensor, so that an in-place op on it changes the tensor, as
-    `_setitem` of its out-of-place result does. An index by a tensor or a list makes
-    a copy, which the op would change instead (rejected: the source's write would
-    change nothing)."""
-    if not (
+    `_setitem` of its out-of-place result does. An index by a bool, a tensor or a
+    list makes a copy, which the op would change instead (rejected: the source's
+    write would change nothing)."""
+    return (
         isinstance(receiver, cst.Subscript)
         and m.matches(receiver.value, m.Name(name))
         and _index(receiver) is not None
-    ):
-        return False
-
-    def number(node: cst.BaseExpression | None) -> bool:
-        if node is None or isinstance(node, (cst.Integer, cst.Ellipsis)):
-            return True
-        if isinstance(node, cst.UnaryOperation) and isinstance(
-            node.operator, cst.Minus
-        ):
-            return number(node.expression)
-        if isinstance(node, cst.Name):
-            if node.value == "None":
-                return True
-            value = values.get(node.value)
-            return value is not None and value.kinds == frozenset({NUMBER})
-        return False
-
-    for element in receiver.slice:
-        index = element.slice
-        if isinstance(index, cst.Index):
-            if not number(index.value):
-                return False
-        elif isinstance(index, cst.Slice):
-            if not all(number(b) for b in (index.lower, index.upper, index.step)):
-                return False
-    return True
+        and _int_index(receiver, ints)
+    )
 
 
 def _alone(diff: Differentiator, call: cst.Call) -> bool:
@@ -1041,7 +1018,7 @@ def backward_out_of_place(
         and node.func.value in _DYNAMIC
         for node in nodes(body)
     )
-    counters = _range_counters(body)
+    counters = integers(body)
     # A write in a `with` block may run with grad mode off however the block says
     # so (`with ctx:`, `set_grad_enabled(flag)`), where the closure keeps the graph;
     # one in a `try` may raise halfway, or raise where its out-of-place form would
@@ -1417,7 +1394,7 @@ class _Escapes:
         self.statements = body.body
         #: The names backward binds (a builtin it rebinds is not the builtin).
         self.bound = bound_anywhere(body)
-        self.counters = _range_counters(body)
+        self.counters = integers(body)
         self._tensors: dict[tuple[str, bool], bool] = {}
         self.parents: dict[int, cst.CSTNode] = {}
         #: Where each statement sits: (id of its block, its index there, itself).
@@ -1759,56 +1736,119 @@ def _view_of(node: cst.BaseExpression, name: str) -> bool:
 _DYNAMIC = frozenset({"locals", "vars", "globals", "eval", "exec"})
 
 
-def _range_counters(body: cst.IndentedBlock) -> frozenset[str]:
-    """The names backward binds only as the counter of `for i in range(...)`: ints."""
-    counters: set[str] = set()
-    other: set[str] = set()
-    for node in nodes(body):
-        if isinstance(node, cst.For) and isinstance(node.target, cst.Name):
-            iterable = node.iter
-            if (
-                isinstance(iterable, cst.Call)
-                and isinstance(iterable.func, cst.Name)
-                and iterable.func.value == "range"
+def integers(root: cst.CSTNode, given: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The names `root` binds to ints only, never a bool: `t[1]` is a view of `t`
+    where `t[True]` is a copy. A name is one where every binding is the counter of
+    `for i in range(...)` or an int expression (`_int_expression`) of such names;
+    `given` are ints already (parameters annotated `int`). Any other binding, in a
+    nested scope too, makes the name not one."""
+    bindings: dict[str, list[cst.BaseExpression | None]] = {}
+
+    def add(target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
+        if isinstance(target, cst.Name):
+            bindings.setdefault(target.value, []).append(value)
+        else:
+            for name in bound_target(target):
+                bindings.setdefault(name, []).append(None)
+
+    for node in nodes(root):
+        if isinstance(node, cst.For):
+            counter = m.matches(node.iter, m.Call(func=m.Name("range")))
+            add(node.target, cst.Integer("0") if counter else None)
+        elif isinstance(node, cst.Assign):
+            for target in node.targets:
+                add(target.target, node.value)
+        elif isinstance(node, (cst.AnnAssign, cst.NamedExpr)):
+            add(node.target, node.value)
+        elif isinstance(node, cst.AugAssign):
+            operator = _AUGMENTED_INT.get(type(node.operator))
+            value = None
+            if operator is not None:
+                value = cst.BinaryOperation(node.target, operator, node.value)
+            add(node.target, value)
+        elif isinstance(node, cst.AsName):
+            add(cst.Tuple([cst.Element(node.name)]), None)
+        elif isinstance(node, cst.CompFor):
+            add(cst.Tuple([cst.Element(node.target)]), None)
+        elif isinstance(node, cst.Param):
+            add(cst.Tuple([cst.Element(node.name)]), None)
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            add(cst.Tuple([cst.Element(node.name)]), None)
+    known = set(given - bindings.keys()) | set(bindings)
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(known & bindings.keys()):
+            if not all(
+                v is not None and _int_expression(v, known) for v in bindings[name]
             ):
-                counters.add(node.target.value)
-                continue
-        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For)):
-            other |= (
-                bound(node)
-                if not isinstance(node, cst.For)
-                else bound_target(node.target)
-            )
-        elif isinstance(node, (cst.NamedExpr, cst.AsName, cst.CompFor)):
-            target = node.name if isinstance(node, cst.AsName) else node.target
-            other |= bound_target(target)
-    return frozenset(counters - other)
+                known.discard(name)
+                changed = True
+    return frozenset(known)
 
 
-def _int_index(part: cst.Subscript, counters: frozenset[str]) -> bool:
-    """Whether `d[...]` indexes by ints, slices of ints, `None` or `...` only, so
-    that it is a view of `d` (a bool, a tensor or a list would make a copy)."""
+#: Augmented assignments whose result is an int when both operands are.
+_AUGMENTED_INT: dict[type[cst.BaseAugOp], cst.BaseBinaryOp] = {
+    cst.AddAssign: cst.Add(),
+    cst.SubtractAssign: cst.Subtract(),
+    cst.MultiplyAssign: cst.Multiply(),
+    cst.FloorDivideAssign: cst.FloorDivide(),
+    cst.ModuloAssign: cst.Modulo(),
+}
+#: Tensor methods and attributes that give an int (sizes, counts).
+_INT_METHODS = frozenset({"size", "dim", "numel", "ndimension", "nelement"})
 
-    def integer(node: cst.BaseExpression | None) -> bool:
-        if isinstance(node, cst.UnaryOperation) and isinstance(
-            node.operator, cst.Minus
-        ):
-            node = node.expression
-        return isinstance(node, cst.Integer) or (
-            isinstance(node, cst.Name) and node.value in counters
+
+def _int_expression(node: cst.BaseExpression, ints: set[str] | frozenset[str]) -> bool:
+    """Whether `node` is an int, never a bool: a literal, a name of `ints`, a size
+    (`len(x)`, `x.shape[0]`, `x.size(0)`, `x.dim()`, `x.ndim`, `int(...)`), or `+ -
+    * // %` of ints (`True + 1` is an int too, but a comparison or `not` is a bool)."""
+    if isinstance(node, cst.Integer):
+        return True
+    if isinstance(node, cst.Name):
+        return node.value in ints
+    if isinstance(node, cst.UnaryOperation) and isinstance(
+        node.operator, (cst.Minus, cst.Plus)
+    ):
+        return _int_expression(node.expression, ints)
+    if isinstance(node, cst.BinaryOperation):
+        return (
+            isinstance(node.operator, tuple(type(o) for o in _AUGMENTED_INT.values()))
+            and _int_expression(node.left, ints)
+            and _int_expression(node.right, ints)
         )
+    if isinstance(node, cst.IfExp):
+        return _int_expression(node.body, ints) and _int_expression(node.orelse, ints)
+    if isinstance(node, cst.Attribute):
+        return node.attr.value == "ndim"
+    if isinstance(node, cst.Subscript):
+        return m.matches(node.value, m.Attribute(attr=m.Name("shape"))) and all(
+            isinstance(e.slice, cst.Index) and _int_expression(e.slice.value, ints)
+            for e in node.slice
+        )
+    if isinstance(node, cst.Call):
+        func = node.func
+        if isinstance(func, cst.Name):
+            return func.value in ("len", "int") and func.value not in ints
+        return isinstance(func, cst.Attribute) and func.attr.value in _INT_METHODS
+    return False
 
+
+def _int_index(part: cst.Subscript, ints: frozenset[str]) -> bool:
+    """Whether `d[...]` indexes by ints (`_int_expression` of the names `ints`
+    holds, which `integers` finds), slices of ints, `None` or `...` only, so that it
+    is a view of `d` (a bool, a tensor or a list would make a copy)."""
     for element in part.slice:
         index = element.slice
         if isinstance(index, cst.Slice):
             bounds = (index.lower, index.upper, index.step)
-            if not all(b is None or integer(b) for b in bounds):
+            if not all(b is None or _int_expression(b, ints) for b in bounds):
                 return False
         elif not (
             isinstance(index, cst.Index)
             and index.star is None
             and (
-                integer(index.value)
+                _int_expression(index.value, ints)
                 or isinstance(index.value, cst.Ellipsis)
                 or m.matches(index.value, m.Name("None"))
             )

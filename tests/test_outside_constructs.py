@@ -1110,3 +1110,66 @@ def test_composite_ops_that_share_are_in_the_table():
     assert opfacts.shares_any_argument("torch.broadcast_tensors")
     assert not opfacts.shares_any_argument("torch.narrow")
     assert not opfacts.may_share_memory("torch.matmul")
+
+
+# -- an in-place op on a part: a view by ints, a copy by a bool -------------------------
+
+BOOL_PARTS = {
+    "a name bound to True": "k = True\n    u[k].mul_(2.0)",
+    "a comparison": "k = x.shape[0] > 1\n    u[k].mul_(2.0)",
+    "a bool parameter": "u[flag].mul_(2.0)",
+    "not": "k = not x.shape[0]\n    u[0:k].mul_(2.0)",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOOL_PARTS))
+def test_an_in_place_op_on_a_part_indexed_by_a_bool_is_refused(case):
+    """`u[True]` is a copy of `u` (with a new leading dim), so the closure's
+    `u[k].mul_(2.0)` with `k = True` changes nothing, where `u[1].mul_(2.0)` changes
+    a row of `u`. Forward's value kinds call both numbers, and the first was written
+    `u = _setitem(u, k, u[k].mul(2.0))`, which doubles all of `u`: a wrong output.
+    Now an index name must be bound to ints only (`integers`), else S2S123."""
+    body = BOOL_PARTS[case]
+    source = (
+        "import torch\n\n\n"
+        "def f(x: torch.Tensor, w: torch.Tensor, flag: bool = True):\n"
+        "    u = x * w\n"
+        f"    {body}\n"
+        "    def backward(g):\n        return g * w, g * x, None\n"
+        "    return u, backward\n"
+    )
+    assert _refused(source)[:2] == ("S2S123", 6 + body.count("\n"))
+
+
+INT_PARTS = {
+    "a size": ("n = x.shape[0]\n    u[n - 1].mul_(2.0)", "m[n - 1] = 2.0"),
+    "a counter": ("for i in range(2):\n        u[i].mul_(2.0)", "m[:2] = 2.0"),
+    "augmented": ("k = 1\n    k += 1\n    u[k].mul_(2.0)", "m[k] = 2.0"),
+    "an int parameter": ("u[-j:].mul_(2.0)", "m[-j:] = 2.0"),
+    "len": ("u[len(x) // 2].mul_(2.0)", "m[len(x) // 2] = 2.0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INT_PARTS))
+def test_an_in_place_op_on_a_part_indexed_by_ints_is_written_out_of_place(
+    case, tmp_path
+):
+    """Sizes, range counters, int parameters and their arithmetic are ints, so the
+    part is a view and the write is rewritten (orders 1-3 as the closure's forward)."""
+    body, mark = INT_PARTS[case]
+    source = (
+        "import torch\n\n\n"
+        "def f(x: torch.Tensor, w: torch.Tensor, j: int = 1):\n"
+        "    u = x * w\n"
+        f"    {body}\n"
+        "    def backward(g):\n"
+        "        m = torch.ones_like(g)\n"
+        f"        {mark}\n"
+        "        return g * m * w, g * m * x, None\n"
+        "    return u, backward\n"
+    )
+    closures, generated = import_pair(tmp_path, source, "int_parts")
+    assert "_setitem(u, " in transform(source, "m.py", "m")
+    x, w = torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)
+    expected = derivatives(lambda a, b: closures.f(a, b)[0], leaves([x, w]))
+    assert_same(derivatives(generated.f, leaves([x, w])), expected)
