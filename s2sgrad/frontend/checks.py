@@ -508,6 +508,20 @@ def _check_gradient_count(
     lists = _bound_to_sequences(bw) if n_params == 1 and not one_list else set()
     for ret in returns.returns:
         value = ret.value
+        if value is not None and _unordered(value):
+            shown = cst.Module([]).code_for_node(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            found.append(
+                loc.error(
+                    "S2S108",
+                    ret,
+                    f"`{bname}` returns `{shown}`: autograd takes the gradients in "
+                    f"order, one per parameter of `{name}`, and a dict or a set has no "
+                    "such order",
+                    hint,
+                )
+            )
+            continue
         if one_list and not _holds_a_list(value):
             continue  # one list parameter's gradients, bare: any number of them
         if isinstance(value, cst.Name) and value.value in lists:
@@ -600,6 +614,13 @@ def _check_gradient_count(
                 )
             )
     return found
+
+
+def _unordered(node: cst.BaseExpression) -> bool:
+    """A dict or a set, displayed, comprehended or built by `dict(...)`/`set(...)`."""
+    if isinstance(node, (cst.Dict, cst.DictComp, cst.Set, cst.SetComp)):
+        return True
+    return m.matches(node, m.Call(func=m.Name("dict") | m.Name("set")))
 
 
 def _number_literal(node: cst.BaseExpression) -> bool:
