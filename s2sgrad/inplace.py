@@ -54,6 +54,8 @@ from s2sgrad.values import (
     Evaluator,
     ModuleFacts,
     Value,
+    int_expression,
+    integers,
 )
 
 
@@ -1736,119 +1738,21 @@ def _view_of(node: cst.BaseExpression, name: str) -> bool:
 _DYNAMIC = frozenset({"locals", "vars", "globals", "eval", "exec"})
 
 
-def integers(root: cst.CSTNode, given: frozenset[str] = frozenset()) -> frozenset[str]:
-    """The names `root` binds to ints only, never a bool: `t[1]` is a view of `t`
-    where `t[True]` is a copy. A name is one where every binding is the counter of
-    `for i in range(...)` or an int expression (`_int_expression`) of such names;
-    `given` are ints already (parameters annotated `int`). Any other binding, in a
-    nested scope too, makes the name not one."""
-    bindings: dict[str, list[cst.BaseExpression | None]] = {}
-
-    def add(target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
-        if isinstance(target, cst.Name):
-            bindings.setdefault(target.value, []).append(value)
-        else:
-            for name in bound_target(target):
-                bindings.setdefault(name, []).append(None)
-
-    for node in nodes(root):
-        if isinstance(node, cst.For):
-            counter = m.matches(node.iter, m.Call(func=m.Name("range")))
-            add(node.target, cst.Integer("0") if counter else None)
-        elif isinstance(node, cst.Assign):
-            for target in node.targets:
-                add(target.target, node.value)
-        elif isinstance(node, (cst.AnnAssign, cst.NamedExpr)):
-            add(node.target, node.value)
-        elif isinstance(node, cst.AugAssign):
-            operator = _AUGMENTED_INT.get(type(node.operator))
-            value = None
-            if operator is not None:
-                value = cst.BinaryOperation(node.target, operator, node.value)
-            add(node.target, value)
-        elif isinstance(node, cst.AsName):
-            add(cst.Tuple([cst.Element(node.name)]), None)
-        elif isinstance(node, cst.CompFor):
-            add(cst.Tuple([cst.Element(node.target)]), None)
-        elif isinstance(node, cst.Param):
-            add(cst.Tuple([cst.Element(node.name)]), None)
-        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-            add(cst.Tuple([cst.Element(node.name)]), None)
-    known = set(given - bindings.keys()) | set(bindings)
-    changed = True
-    while changed:
-        changed = False
-        for name in sorted(known & bindings.keys()):
-            if not all(
-                v is not None and _int_expression(v, known) for v in bindings[name]
-            ):
-                known.discard(name)
-                changed = True
-    return frozenset(known)
-
-
-#: Augmented assignments whose result is an int when both operands are.
-_AUGMENTED_INT: dict[type[cst.BaseAugOp], cst.BaseBinaryOp] = {
-    cst.AddAssign: cst.Add(),
-    cst.SubtractAssign: cst.Subtract(),
-    cst.MultiplyAssign: cst.Multiply(),
-    cst.FloorDivideAssign: cst.FloorDivide(),
-    cst.ModuloAssign: cst.Modulo(),
-}
-#: Tensor methods and attributes that give an int (sizes, counts).
-_INT_METHODS = frozenset({"size", "dim", "numel", "ndimension", "nelement"})
-
-
-def _int_expression(node: cst.BaseExpression, ints: set[str] | frozenset[str]) -> bool:
-    """Whether `node` is an int, never a bool: a literal, a name of `ints`, a size
-    (`len(x)`, `x.shape[0]`, `x.size(0)`, `x.dim()`, `x.ndim`, `int(...)`), or `+ -
-    * // %` of ints (`True + 1` is an int too, but a comparison or `not` is a bool)."""
-    if isinstance(node, cst.Integer):
-        return True
-    if isinstance(node, cst.Name):
-        return node.value in ints
-    if isinstance(node, cst.UnaryOperation) and isinstance(
-        node.operator, (cst.Minus, cst.Plus)
-    ):
-        return _int_expression(node.expression, ints)
-    if isinstance(node, cst.BinaryOperation):
-        return (
-            isinstance(node.operator, tuple(type(o) for o in _AUGMENTED_INT.values()))
-            and _int_expression(node.left, ints)
-            and _int_expression(node.right, ints)
-        )
-    if isinstance(node, cst.IfExp):
-        return _int_expression(node.body, ints) and _int_expression(node.orelse, ints)
-    if isinstance(node, cst.Attribute):
-        return node.attr.value == "ndim"
-    if isinstance(node, cst.Subscript):
-        return m.matches(node.value, m.Attribute(attr=m.Name("shape"))) and all(
-            isinstance(e.slice, cst.Index) and _int_expression(e.slice.value, ints)
-            for e in node.slice
-        )
-    if isinstance(node, cst.Call):
-        func = node.func
-        if isinstance(func, cst.Name):
-            return func.value in ("len", "int") and func.value not in ints
-        return isinstance(func, cst.Attribute) and func.attr.value in _INT_METHODS
-    return False
-
-
 def _int_index(part: cst.Subscript, ints: frozenset[str]) -> bool:
     """Whether `d[...]` indexes by ints (`_int_expression` of the names `ints`
-    holds, which `integers` finds), slices of ints, `None` or `...` only, so that it
+    holds, which `values.integers` finds), slices of ints, `None` or `...` only, so that it
     is a view of `d` (a bool, a tensor or a list would make a copy)."""
     for element in part.slice:
         index = element.slice
         if isinstance(index, cst.Slice):
             bounds = (index.lower, index.upper, index.step)
-            if not all(b is None or _int_expression(b, ints) for b in bounds):
+            if not all(b is None or int_expression(b, ints) for b in bounds):
                 return False
         elif not (
             isinstance(index, cst.Index)
             and index.star is None
             and (
-                _int_expression(index.value, ints)
+                int_expression(index.value, ints)
                 or isinstance(index.value, cst.Ellipsis)
                 or m.matches(index.value, m.Name("None"))
             )

@@ -189,6 +189,24 @@ def positive_part(x: torch.Tensor):
         gx[nz] = g
         return gx
     return y, backward
+
+
+def accumulated(x: torch.Tensor, w: torch.Tensor, k: int = 2):
+    # Names first bound to a number, then to a tensor: `total: Any = 0` in the
+    # module, where mypy took `int` from the first binding and refused the second.
+    total = 0
+    for i in range(k):
+        total = total + x * w * i
+    n = 0
+    n += 1
+    def backward(g):
+        gw = 0.0
+        gw += g * x
+        acc = 0
+        for i in range(k):
+            acc = acc + g * w * i
+        return acc, gw * (k - 1) * k / 2, None
+    return total * n, backward
 '''
 
 
@@ -203,6 +221,8 @@ def test_generated_code_for_lists_and_run_time_kinds_passes_mypy_strict(tmp_path
         transform(TYPED_CONSTRUCTS.lstrip(), "constructs.py", standalone=True)
     )
     assert "def _save(" in standalone.read_text()  # and carried
+    assert "total: Any = 0\n" in generated.read_text()
+    assert "    n = 0\n" in generated.read_text()  # an int throughout: as written
     run = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
          "--no-incremental", "--cache-dir", str(tmp_path / "cache"), str(generated),

@@ -376,7 +376,7 @@ def forward_def(record: Differentiated, names: Names, path: str) -> cst.Function
     ]
     body = [_doc(docs.forward_doc(record, path)), *statements, ret]
     returns = types.of_result(record.outputs, diff.tuple_result)
-    return cst.FunctionDef(
+    function = cst.FunctionDef(
         name=cst.Name(names.forward),
         params=types.annotated(diff.forward.params, diff.params),
         body=cst.IndentedBlock(body),
@@ -385,6 +385,8 @@ def forward_def(record: Differentiated, names: Names, path: str) -> cst.Function
         ),
         leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
     )
+    ints = frozenset(p.name for p in diff.params if p.annotation == "int")
+    return types.numbers_widened(function, ints)
 
 
 def _live(
@@ -508,19 +510,21 @@ def backward_def(
         if i in maybe - listed:
             kind = types.GRAD
         params.append(param.with_changes(annotation=_annotation(kind), default=None))
-    return cst.FunctionDef(
-        name=cst.Name(names.backward),
-        params=diff.backward.params.with_changes(
-            params=params,
-            star_arg=cst.ParamStar() if keywords else cst.MaybeSentinel.DEFAULT,
-            kwonly_params=[
-                cst.Param(cst.Name(k), _annotation(t), default=cst.Name("None"))
-                for k, t in keywords
-            ],
-        ),
-        body=cst.IndentedBlock(body),
-        returns=_annotation(gradients.returns),
-        leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
+    return types.numbers_widened(
+        cst.FunctionDef(
+            name=cst.Name(names.backward),
+            params=diff.backward.params.with_changes(
+                params=params,
+                star_arg=cst.ParamStar() if keywords else cst.MaybeSentinel.DEFAULT,
+                kwonly_params=[
+                    cst.Param(cst.Name(k), _annotation(t), default=cst.Name("None"))
+                    for k, t in keywords
+                ],
+            ),
+            body=cst.IndentedBlock(body),
+            returns=_annotation(gradients.returns),
+            leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
+        )
     )
 
 

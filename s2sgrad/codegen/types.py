@@ -13,8 +13,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from s2sgrad.cst import bound_target, nodes
 from s2sgrad.frontend.model import Param
-from s2sgrad.values import NONE, Value, param_value
+from s2sgrad.values import NONE, Value, integers, param_value
 
 TENSOR = "Tensor"
 GRAD = "Grad"
@@ -48,6 +49,61 @@ def of_result(outputs: tuple[Value, ...], multi: bool) -> str:
     if not multi:
         return of(outputs[0]) if outputs else "Any"
     return f"tuple[{', '.join(of(o) for o in outputs)}]"
+
+
+def numbers_widened(
+    function: cst.FunctionDef, ints: frozenset[str] = frozenset()
+) -> cst.FunctionDef:
+    """`function` with `total: Any = 0` where a name is first bound to a number
+    literal and later to what may be a tensor (`total = total + x * w`), which
+    `mypy --strict` rejects as a change of the name's type; the closure's own code
+    does the same. A name bound to ints only (`values.integers`, counting `ints`,
+    parameters annotated `int`) keeps its inferred `int`."""
+    first: dict[str, cst.Assign] = {}
+    count: dict[str, int] = {}
+    for node in nodes(function.body):
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            targets = node.targets if isinstance(node, cst.Assign) else [node]
+            for target in targets:
+                for name in bound_target(target.target):
+                    count[name] = count.get(name, 0) + 1
+                    if name not in first and isinstance(node, cst.Assign):
+                        first[name] = node
+    integral = integers(function.body, ints)
+    widen = {
+        id(node)
+        for name, node in first.items()
+        if count[name] > 1
+        and name not in integral
+        and len(node.targets) == 1
+        and isinstance(node.targets[0].target, cst.Name)
+        and _number_literal(node.value)
+    }
+    if not widen:
+        return function
+    return cst.ensure_type(function.visit(_Widened(widen)), cst.FunctionDef)
+
+
+def _number_literal(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        node = node.expression
+    return isinstance(node, (cst.Integer, cst.Float))
+
+
+class _Widened(cst.CSTTransformer):
+    def __init__(self, assigns: set[int]) -> None:
+        self.assigns = assigns
+
+    def leave_Assign(
+        self, original_node: cst.Assign, updated_node: cst.Assign
+    ) -> cst.BaseSmallStatement:
+        if id(original_node) not in self.assigns:
+            return updated_node
+        return cst.AnnAssign(
+            updated_node.targets[0].target,
+            cst.Annotation(cst.Name("Any")),
+            updated_node.value,
+        )
 
 
 class _ShortTensor(cst.CSTTransformer):
