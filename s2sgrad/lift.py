@@ -10,6 +10,7 @@ forward (Python's late binding), and backward's body reads exactly those names.
 
 from __future__ import annotations
 
+import difflib
 import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,7 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound, code, dotted, findall, spelled, walk
+from s2sgrad.cst import bound, code, dotted, findall, nodes, spelled, walk
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.model import Capture, Differentiator, Use
 from s2sgrad.lines import line_text
@@ -227,6 +228,10 @@ def check_outputs(
             continue
         if not value.holds_tensor:
             continue
+        misspelt = _misspelt(diff, evaluator, lines)
+        if misspelt is not None:
+            at, message, text, shown, hint = misspelt
+            return [_located("S2S124", message, path, at, text, shown, hint)]
         shown = code(node)
         found.append(
             _located(
@@ -242,6 +247,59 @@ def check_outputs(
             )
         )
     return found or _check_untaken_outputs(diff, evaluator, path, line, text)
+
+
+def _misspelt(
+    diff: Differentiator, evaluator: Evaluator, lines: Sequence[str]
+) -> tuple[int, str, str, str, str] | None:
+    """Where an output's kind is unknown because forward calls a torch name that
+    s2sgrad does not know but that is spelled like one it does (`torch.tahn(...)`,
+    `h.tahn()`), or passes a keyword no overload of a known op takes (`t.sum(dimm=1)`):
+    the first such call's line, and the message, text, shown callee and hint that
+    point there, rather than at the output (the output's hint, an annotation, would
+    hide the typo)."""
+    for statement in diff.statements:
+        line = diff.statement_lines.get(statement, diff.first_line)
+        for node in nodes(statement):
+            line = diff.statement_lines.get(node, line)
+            if not isinstance(node, cst.Call) or not isinstance(
+                node.func, cst.Attribute
+            ):
+                continue
+            func = node.func
+            name = diff.qualified_names.get(func) if dotted(func) else None
+            if name is None and evaluator.expr(func.value).tensor is True:
+                name = f"torch.Tensor.{func.attr.value}"
+            if name is None or not name.startswith("torch."):
+                continue
+            text = line_text(lines, line)
+            shown = code(func)
+            overloads = opfacts.signatures(name)
+            guess = None if overloads else opfacts.near(name)
+            if guess is not None:
+                right = guess.rpartition(".")[2]
+                if dotted(func):
+                    meant = f"{shown.rpartition('.')[0]}.{right}"
+                    what = f"`{shown}` is not a function torch has"
+                else:
+                    meant, what = right, f"a tensor has no method `{func.attr.value}`"
+                message = (
+                    f"{what} (did you mean `{meant}`?): s2sgrad cannot tell what the "
+                    "call returns"
+                )
+                return line, message, text, shown, f"write `{meant}`"
+            keywords = [a.keyword.value for a in node.args if a.keyword is not None]
+            unknown = [k for k in keywords if not any(o.knows({k}) for o in overloads)]
+            if overloads and unknown:
+                known = sorted({p.name for o in overloads for p in o.params})
+                close = difflib.get_close_matches(unknown[0], known, n=1)
+                message = (
+                    f"no form of `{shown}` takes the keyword `{unknown[0]}`: s2sgrad "
+                    "cannot tell what the call returns"
+                )
+                hint = f"write `{close[0]}`" if close else f"its keywords: {known}"
+                return line, message, text, f"{unknown[0]}=", hint
+    return None
 
 
 def _check_untaken_outputs(

@@ -17,6 +17,7 @@ names, as `values:T,indices:T'`.
 
 from __future__ import annotations
 
+import difflib
 import functools
 from dataclasses import dataclass
 
@@ -166,6 +167,32 @@ def aten_name(qualified: str) -> str | None:
                 name = name.split(".")[0]
             return name if name in table.ATEN else None
     return None
+
+
+def near(qualified: str) -> str | None:
+    """The known name of the same namespace spelled most like `qualified`
+    (`torch.tahn`: `torch.tanh`), for a call that binds to nothing; None when none
+    is close."""
+    prefix, _, name = qualified.rpartition(".")
+    known = _known_names(prefix + ".")
+    # Two letters swapped (`tahn`) first: difflib rates `tan` nearer than `tanh`.
+    swapped = [k for k in known if sorted(k) == sorted(name) and k != name]
+    close = swapped or difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    return f"{prefix}.{close[0]}" if close else None
+
+
+@functools.lru_cache(maxsize=16)
+def _known_names(prefix: str) -> list[str]:
+    """The public names of one namespace the table knows (`torch.`: `tanh`...)."""
+    if prefix == "torch.Tensor.":
+        return sorted(table.TENSOR_METHODS | set(table.TENSOR_ATTRIBUTES))
+    aten_prefix = _NAMESPACES.get(prefix)
+    names = {q[len(prefix) :] for q in table.PYTHON if q.startswith(prefix)}
+    if aten_prefix is not None and not prefix.startswith("torch.ops"):
+        names |= {
+            n[len(aten_prefix) :] for n in table.ATEN if n.startswith(aten_prefix)
+        }
+    return sorted(n for n in names if "." not in n and not n.startswith("_"))
 
 
 def _base(qualified: str) -> str:
