@@ -79,25 +79,40 @@ def may_share(
             and may_share(side, name, qualified, handing)
             for side in (value.left, value.right)
         )
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+        # `narrow(t, ...)` after `from torch import narrow`: a torch function.
+        torch_name = qualified(value.func)
+        if torch_name is not None and torch_name.startswith("torch."):
+            return any(
+                may_share(a, name, qualified, handing)
+                for a in shared_arguments(value, torch_name)
+            )
     if isinstance(value, cst.Call) and not isinstance(value.func, cst.Attribute):
         # `list((h,))`, `max([h], ...)`, `(lambda a: a)(h)`, `nn.Identity()(h)`, a
-        # module helper that may return its argument (`_wrap(h)` returning `[h]`).
-        # Another call by name makes a new value (`y = softsign(h); y /= 4`).
+        # module helper that may return its argument (`_wrap(h)` returning `[h]`),
+        # `getattr(h, "view")(-1)`. Another call by name makes a new value (`y =
+        # softsign(h); y /= 4`).
         if (
             isinstance(value.func, cst.Name)
             and value.func.value not in _HOLDERS
             and value.func.value not in handing
         ):
             return False
-        return any(may_share(a.value, name, qualified, handing) for a in value.args)
+        return may_share(value.func, name, qualified, handing) or any(
+            may_share(a.value, name, qualified, handing) for a in value.args
+        )
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
         func = value.func
         dotted_name = qualified(func) if dotted(func) else None
-        if dotted_name is not None:
+        if dotted_name is not None and dotted_name.startswith("torch."):
             return any(
                 may_share(a, name, qualified, handing)
                 for a in shared_arguments(value, dotted_name)
             )
+        if dotted_name is not None:
+            # A library's callable s2sgrad knows nothing of may keep what it is
+            # given (`types.SimpleNamespace(v=h)`, `copy.copy(h)`).
+            return any(may_share(a.value, name, qualified, handing) for a in value.args)
         method = f"torch.Tensor.{func.attr.value}"
         return opfacts.may_share_memory(method) and may_share(
             func.value, name, qualified, handing
@@ -116,7 +131,12 @@ def shared_arguments(call: cst.Call, qualified: str) -> list[cst.BaseExpression]
     if not opfacts.may_share_memory(qualified):
         return []
     if not opfacts.shares_any_argument(qualified):
-        return [a.value for a in call.args if a.keyword is None][:1]
+        first = [a.value for a in call.args if a.keyword is None][:1]
+        return first or [
+            a.value
+            for a in call.args
+            if a.keyword is not None and a.keyword.value in _FIRST_KEYWORDS
+        ]
     given = [e for a in call.args for e in _items(a.value)]
     operands = given[1:] if qualified.endswith(".einsum") else []
     if len(operands) > 1 and not any(a.star for a in call.args):
@@ -129,6 +149,9 @@ def _items(value: cst.BaseExpression) -> list[cst.BaseExpression]:
         return [i for e in value.elements for i in _items(e.value)]
     return [value]
 
+
+#: The keywords a torch function's first tensor goes by (`torch.reshape(input=t, ...)`).
+_FIRST_KEYWORDS = frozenset({"input", "self", "tensor", "A"})
 
 #: Methods that put their arguments into the list, set or dict they are called on
 #: (`hs.append(h)`, `d.update(a=h)`): the container then holds them.

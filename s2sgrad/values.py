@@ -30,6 +30,7 @@ import libcst.matchers as m
 from s2sgrad import opfacts
 from s2sgrad.cst import bound, bound_target, dotted, nodes, statements, walk
 from s2sgrad.frontend.model import Differentiator, Helper, Param
+from s2sgrad.sharing import shared_arguments
 
 TENSOR, NONE, NUMBER, OTHER, SEQ = "tensor", "none", "number", "other", "seq"
 
@@ -1115,19 +1116,44 @@ class Evaluator:
         """A tensor written in place through `target` (`t[:]`, `t.T`, `out=t`):
         its name's value carries a gradient if what is written does."""
         name = self._base(target)
-        if name is None:
+        if name is None or not diff:
             return
         current = self.env[name]
-        if diff and TENSOR in current.kinds and not current.diff:
+        if TENSOR in current.kinds and not current.diff:
             self.env[name] = current.with_diff(True)
+        elif SEQ in current.kinds and not isinstance(target, cst.Name):
+            # `rows[1].add_(v)`: the element written carries a gradient now.
+            element = current.element()
+            if element.holds_tensor and not element.diff:
+                grown = seq(element.with_diff(True), current.form)
+                self.env[name] = current.join(grown)
 
     def _base(self, target: cst.BaseExpression) -> str | None:
-        """The name under `target`'s subscripts and attributes, where forward
-        binds it."""
-        while isinstance(target, (cst.Subscript, cst.Attribute)):
-            target = target.value
+        """The name under `target`'s subscripts, attributes and views
+        (`buf.select(0, 1)`, `torch.narrow(buf, ...)`), where forward binds it."""
+        while True:
+            if isinstance(target, (cst.Subscript, cst.Attribute)):
+                target = target.value
+            elif isinstance(target, cst.Call) and (inner := self._viewed(target)):
+                target = inner
+            else:
+                break
         if isinstance(target, cst.Name) and target.value in self.env:
             return target.value
+        return None
+
+    def _viewed(self, call: cst.Call) -> cst.BaseExpression | None:
+        """The tensor a call's result may be a view of: a view method's receiver, a
+        torch view function's first argument (the first of several for one that
+        may share any)."""
+        func = call.func
+        name = self.qualified.get(func) if dotted(func) else None
+        if name is not None and name.startswith("torch."):
+            shared = shared_arguments(call, name)
+            return shared[0] if shared else None
+        if isinstance(func, cst.Attribute):
+            if opfacts.may_share_memory(f"torch.Tensor.{func.attr.value}"):
+                return func.value
         return None
 
     def _store(self, target: cst.BaseExpression, value: Value) -> None:

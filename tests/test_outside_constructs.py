@@ -1173,3 +1173,48 @@ def test_an_in_place_op_on_a_part_indexed_by_ints_is_written_out_of_place(
     x, w = torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)
     expected = derivatives(lambda a, b: closures.f(a, b)[0], leaves([x, w]))
     assert_same(derivatives(generated.f, leaves([x, w])), expected)
+
+
+# -- more views an outside probe found unseen (probe E) ------------------------------
+
+PROBE_E_VIEWS = {
+    # A torch view function imported by its bare name, or given its tensor by keyword.
+    "bare name": "from torch import narrow\n\n\ndef f(x: torch.Tensor, w: torch.Tensor):\n"
+    "    t = x * 3.0\n    d = narrow(t, 0, 0, 2)\n    d.mul_(2)\n",
+    "keyword input": "def f(x: torch.Tensor, w: torch.Tensor):\n"
+    "    t = x * 3.0\n    d = torch.reshape(input=t, shape=(12,))\n    d.mul_(2)\n",
+    # A view made through a bound method or a subclass, then the base changed.
+    "getattr": "def f(x: torch.Tensor, w: torch.Tensor):\n"
+    "    t = x * 3.0\n    d = getattr(t, 'view')(3, 4)\n    t.mul_(2)\n",
+    "getattr written": "def f(x: torch.Tensor, w: torch.Tensor):\n"
+    "    t = x * 3.0\n    getattr(t, 'view')(12).mul_(2)\n",
+    "as_subclass": "def f(x: torch.Tensor, w: torch.Tensor):\n"
+    "    t = x * 3.0\n    d = t.as_subclass(torch.Tensor)\n    t.mul_(2)\n",
+    # A library object that may keep what it is given.
+    "namespace": "import types\n\n\ndef f(x: torch.Tensor, w: torch.Tensor):\n"
+    "    t = x * 3.0\n    d = types.SimpleNamespace(v=t)\n    t.mul_(2)\n",
+    # A fresh buffer filled with a differentiable value through a view: it carries a
+    # gradient from then on (it was saved as a constant, and order 2 was wrong).
+    "buffer select": "def f(x: torch.Tensor, w: torch.Tensor):\n"
+    "    t = torch.zeros(3, 4, dtype=x.dtype)\n    t.select(0, 1).copy_(x[1] * 3.0)\n",
+    "buffer view": "def f(x: torch.Tensor, w: torch.Tensor):\n"
+    "    t = torch.zeros(3, 4, dtype=x.dtype)\n    t.view(-1).add_(x.reshape(-1))\n",
+    "buffer rows": "def f(x: torch.Tensor, w: torch.Tensor):\n"
+    "    t = torch.zeros(3, 4, dtype=x.dtype)\n    rows = [t[0], t[1]]\n"
+    "    rows[1].add_(x[1] * 3.0)\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(PROBE_E_VIEWS))
+def test_views_a_probe_found_unseen_are_refused(case):
+    """Each converted and gave a wrong output or wrong gradients (orders 1-2): the
+    write missed a view, or the view missed the write. Now S2S123 at the write."""
+    source = (
+        "import torch\n\n\n"
+        + PROBE_E_VIEWS[case]
+        + "    def backward(g):\n        return g * w, g * t\n"
+        + "    return t * w, backward\n"
+    )
+    code, line, _ = _refused(source)
+    assert code == "S2S123"
+    assert line == source.count("\n") - 3

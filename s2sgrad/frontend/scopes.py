@@ -1346,6 +1346,10 @@ def _viewed(
     (`torch.narrow(t, ...)`, `F.dropout(t)`), every argument of one that may share
     any (`torch.einsum("ij->ji", t)`); none for a call that makes a new value."""
     func = call.func
+    if isinstance(func, cst.Call):
+        return [func]  # `getattr(t, "view")(-1)`: what the callee is bound to
+    if m.matches(func, m.Name("getattr")) and call.args:
+        return [call.args[0].value]
     if not isinstance(func, cst.Attribute):
         return []
     code = qualified(func) if qualified is not None else None

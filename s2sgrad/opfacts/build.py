@@ -91,6 +91,7 @@ SHARES_PROBES: dict[str, Callable[[torch.Tensor], object]] = {
     "dropout3d": lambda x: torch.nn.functional.dropout3d(x[None, None], 0.5, False),
     "asarray": lambda x: torch.asarray(x),
     "type": lambda x: x.type(x.type()),
+    "as_subclass": lambda x: x.as_subclass(torch.Tensor),
     "broadcast_tensors": lambda x: torch.broadcast_tensors(x[0], x)[1],  # type: ignore[no-untyped-call]
     "atleast_1d": lambda x: torch.atleast_1d(x[0], x)[1],  # type: ignore[no-untyped-call]
     "atleast_2d": lambda x: torch.atleast_2d(x[0], x)[1],  # type: ignore[no-untyped-call]

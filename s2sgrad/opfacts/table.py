@@ -2428,6 +2428,7 @@ RETURNS_INPUT: frozenset[str] = frozenset({
 
 #: Operators whose result may share memory with any tensor argument.
 SHARES: frozenset[str] = frozenset({
+    'as_subclass',
     'asarray',
     'atleast_1d',
     'atleast_2d',
