@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import operator
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -126,6 +126,9 @@ class Lifted:
     #: Names that some binding in forward may make another name's object (an input's,
     #: perhaps): `aliasing_names`, computed once here for every later stage.
     aliases: frozenset[str]
+    #: Names that some binding may make a view of another tensor, or an existing
+    #: object (`aliases` and more): `viewing_names`.
+    views: frozenset[str] = frozenset()
 
     @property
     def extras(self) -> tuple[Saved, ...]:
@@ -184,6 +187,7 @@ def lift(
         results,
         outputs,
         aliases,
+        viewing_names(diff),
     )
 
 
@@ -819,6 +823,36 @@ def result_names(
     )
 
 
+def viewing_names(diff: Differentiator) -> frozenset[str]:
+    """The names some binding in forward may make a view of a tensor, or an existing
+    object (`may_be_view`): where such a name is an output, the Function hands the
+    caller a tensor of its own (`_own`), which it may change in place."""
+    return _names_bound_to(diff, may_be_view)
+
+
+def may_be_view(
+    value: cst.BaseExpression, qualified: Mapping[cst.CSTNode, str]
+) -> bool:
+    """Tell whether `value` may be a view of a tensor (`h.transpose(0, 1)`, `t[0]`,
+    `t.T`, `torch.einsum("ij->ji", t)`) or an object that exists already
+    (`may_return_self`)."""
+    if may_return_self(value, qualified):
+        return True
+    if isinstance(value, (cst.Subscript, cst.Attribute)):
+        return True
+    if isinstance(value, cst.IfExp):
+        return may_be_view(value.body, qualified) or may_be_view(
+            value.orelse, qualified
+        )
+    if not isinstance(value, cst.Call):
+        return False
+    func = value.func
+    name = qualified.get(func) if dotted(func) else None
+    if name is None and isinstance(func, cst.Attribute):
+        name = f"torch.Tensor.{func.attr.value}"
+    return name is None or opfacts.may_share_memory(name)
+
+
 def aliasing_names(diff: Differentiator) -> frozenset[str]:
     """The names some binding in forward may make another name's object, in one pass.
 
@@ -828,6 +862,14 @@ def aliasing_names(diff: Differentiator) -> frozenset[str]:
     too: nothing is known of it. Lift computes this once per differentiator (it is
     `Lifted.aliases`); the in-place judge computes it on forward before rewriting.
     """
+    return _names_bound_to(diff, may_return_self)
+
+
+def _names_bound_to(
+    diff: Differentiator,
+    test: Callable[[cst.BaseExpression, Mapping[cst.CSTNode, str]], bool],
+) -> frozenset[str]:
+    """The names some binding in forward gives a value that passes `test`."""
     found: set[str] = set()
     for statement in diff.statements:
         for node in findall(
@@ -836,9 +878,7 @@ def aliasing_names(diff: Differentiator) -> frozenset[str]:
         ):
             for target, value in _assignments(node):
                 for name, expression in _bindings(target, value):
-                    if name not in found and may_return_self(
-                        expression, diff.qualified_names
-                    ):
+                    if name not in found and test(expression, diff.qualified_names):
                         found.add(name)
     return frozenset(found)
 

@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 #: The formats of generated code this runtime serves (s2sgrad/header.py writes them).
-FORMATS = range(9, 36)
+FORMATS = range(9, 37)
 
 Context = tuple[Any, ...]  # what f_forward hands to f_backward
 Grad = Tensor | None  # None stands for a gradient of zeros
@@ -83,9 +83,17 @@ def _own(value: Any, *others: Any) -> Any:
     (the Function's inputs, the temporaries returned beside it): autograd refuses to
     save an input returned as is, and torch.compile one tensor as two outputs. Only
     then, so that an output forward made stays one that the caller may change in
-    place (`out += skip`)."""
-    if isinstance(value, Tensor) and any(value is other for other in others):
+    place (`out += skip`). For the same reason an output that is a view
+    (`h.transpose(0, 1)`, of a tensor forward made or of an input) is a copy:
+    autograd forbids changing a view a Function returns in place. Under
+    torch.compile, where a view cannot be told, every such output is a copy, which
+    the compiler may fuse away."""
+    if not isinstance(value, Tensor):
+        return value
+    if any(value is other for other in others):
         return value.view_as(value)
+    if torch.compiler.is_compiling() or value._is_view():
+        return value.clone()
     return value
 
 

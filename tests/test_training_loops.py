@@ -355,7 +355,11 @@ def test_ops_under_non_reentrant_activation_checkpointing(tmp_path, policy, name
         def run(*t, module=module):
             return _CALLS[name](module, *t)
 
-        out = checkpoint(run, *inputs, use_reentrant=False) if checkpointed else run(*inputs)
+        out = (
+            checkpoint(run, *inputs, use_reentrant=False)
+            if checkpointed
+            else run(*inputs)
+        )
         out.sum().backward()
         found.append([t.grad for t in inputs])
     for got, expected in zip(*found[::-1], strict=True):
@@ -366,7 +370,9 @@ def test_first_order_with_a_temporary_of_a_branch_not_taken(tmp_path):
     """policy=first-order, where `s` is bound only in the branch not taken: a second
     order raises the policy's error (it crashed on the None saved for `s`), and the
     first order is right."""
-    _, generated = import_pair(tmp_path, CHECKPOINTED, "branch_fo", policy="first-order")
+    _, generated = import_pair(
+        tmp_path, CHECKPOINTED, "branch_fo", policy="first-order"
+    )
     x, w = leaves([torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)])
     y = generated.gated(x, w, False)
     with pytest.raises(RuntimeError, match="policy=first-order"):
@@ -409,6 +415,31 @@ def sum_out(x: torch.Tensor, w: torch.Tensor):
     return y, backward
 
 
+def split_heads(x: torch.Tensor, w: torch.Tensor):
+    # Attention's head split: the output is a view of a tensor forward made.
+    h = x * w
+    def backward(g):
+        gh = g.transpose(0, 1).reshape(h.shape)
+        return gh * w, gh * x
+    return h.view(x.shape[0], 2, -1).transpose(0, 1), backward
+
+
+def transposed(x: torch.Tensor, w: torch.Tensor):
+    def backward(g, gt):
+        return g.t() * torch.cos(x) + gt * w, gt * x
+    return (torch.sin(x).t(), x * w), backward
+
+
+def view_of_promoted(x: torch.Tensor, w: torch.Tensor):
+    # `y` is promoted (backward reads it) and returned beside its view.
+    y = x * w
+    o = y.transpose(0, 1)
+    def backward(g):
+        d = g.transpose(0, 1)
+        return d * w + y * 0.0, d * x
+    return o, backward
+
+
 def passed_on(x: torch.Tensor, w: torch.Tensor):
     y = _same(x)
     t = x * w
@@ -435,6 +466,34 @@ def test_a_residual_added_in_place_to_the_output(tmp_path, name):
         found.append([t.grad for t in inputs])
     for got, expected in zip(found[1], found[0], strict=True):
         torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("name", ["split_heads", "transposed", "view_of_promoted"])
+def test_a_view_the_op_returns_can_be_changed_in_place(tmp_path, name):
+    """Autograd forbids changing in place a view that a Function returns, so `out =
+    op(x, w); out += skip` raised where the closure's forward trains (attention's
+    `h.view(...).transpose(0, 1)` then a residual). The output is now a copy where
+    it is a view: orders 1-3 through the in-place add, pure and mixed."""
+    closures, generated = import_pair(tmp_path, RESIDUAL, f"views_{name}")
+    values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
+
+    def residual(op):
+        def run(x, w):
+            out = op(x, w)
+            first = out[0] if isinstance(out, tuple) else out
+            first += 1.5
+            return out
+
+        return run
+
+    def closure_op(x, w):
+        out = getattr(closures, name)(x, w)
+        return out[:-1] if len(out) > 2 else out[0]
+
+    assert_same(
+        derivatives(residual(getattr(generated, name)), leaves(values)),
+        derivatives(residual(closure_op), leaves(values)),
+    )
 
 
 def test_an_input_returned_as_is_is_returned_as_a_view(tmp_path):

@@ -33,7 +33,7 @@ from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.replay import replay
 from s2sgrad.cst import module
-from s2sgrad.lift import Saved, may_return_self
+from s2sgrad.lift import Saved, may_be_view
 from s2sgrad.lines import split_lines
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import BOTTOM, TENSOR, param_value
@@ -98,7 +98,7 @@ class _Output:
     #: A list (or tuple) of tensors of run-time length.
     listed: bool
     form: str
-    #: May be an input object itself: returned as a view.
+    #: May be an input object itself, or a view of a tensor: returned through `_own`.
     aliased: bool
     #: True: always a tensor; False: never one (no gradient to materialize); None:
     #: known at run time only (a number, None or a tensor).
@@ -217,14 +217,12 @@ class FunctionWriter:
                     if node.value not in params
                     else alloc.fresh(f"output_{i}")
                 )
-                aliased = (
-                    node.value in params or node.value in self.record.lifted.aliases
-                )
+                aliased = node.value in params or node.value in self.record.lifted.views
             else:
                 var = alloc.fresh(
                     "result" if not self.diff.tuple_result else f"output_{i}"
                 )
-                aliased = not isinstance(node, cst.Name) and may_return_self(
+                aliased = not isinstance(node, cst.Name) and may_be_view(
                     node, self.diff.qualified_names
                 )
             form = value.form if value.form in ("list", "tuple") else "tuple"
@@ -308,8 +306,8 @@ class FunctionWriter:
 
     def _view(self, name: str, inputs: str | None = None) -> str:
         """An output, or a view of it where it is one of forward's inputs or of the
-        promoted temporaries returned beside it (`_own`): the caller may change a
-        tensor forward made in place."""
+        promoted temporaries returned beside it, or a copy where it is a view
+        (`_own`): the caller may change a tensor forward made in place."""
         given = [inputs] if inputs is not None else self._inputs()
         others = [s.name for s in self.promoted]
         return f"_own({', '.join([name, *given, *others])})"
