@@ -70,6 +70,19 @@ def scaled(x, scale: float = 2.0):
     return e * scale, backward
 
 
+def lin(x, w):
+    def backward(g):
+        return g * w, g * x
+    return x * w, backward
+
+
+def swish(x):
+    s = torch.sigmoid(x)
+    def backward(g):
+        return g * (s + x * s * (1 - s))
+    return x * s, backward
+
+
 def single(x, w):
     y, back_y = inner(x, w)
     z = y.exp()
@@ -164,6 +177,16 @@ def reads_underscore(x, w):
         gx, gw = back(g * _)
         return gx, gw
     return y * _, backward
+
+
+def chained(x, w):
+    # One closure's gradient handed straight to another's: `lin_backward` takes a
+    # tensor and `swish_backward` returns `Grad`, which mypy --strict refused.
+    h, lin_back = lin(x, w)
+    a, act_back = swish(h)
+    def backward(g):
+        return lin_back(act_back(g))
+    return a, backward
 """
 
 #: name -> the other arguments after (x, w).
@@ -179,6 +202,7 @@ CASES: dict[str, tuple[Any, ...]] = {
     "in_a_branch": (True,),
     "in_a_branch_off": (False,),
     "reads_underscore": (),
+    "chained": (),
 }
 
 
@@ -293,7 +317,8 @@ def test_review_shows_the_source_as_written():
 def test_the_checker_lists_a_composing_module_s_differentiators():
     """`s2sgrad check` asks for the names first: the kept closures are no error."""
     assert differentiator_names(SOURCE, "composed.py") == [
-        "inner", "sin_cos", "scaled", *(n for n in CASES if not n.endswith("_off"))
+        "inner", "sin_cos", "scaled", "lin", "swish",
+        *(n for n in CASES if not n.endswith("_off")),
     ]  # fmt: skip
 
 

@@ -191,6 +191,19 @@ def positive_part(x: torch.Tensor):
     return y, backward
 
 
+def _twice(v):
+    return v * 2.0
+
+
+def helped(x: torch.Tensor):
+    # An untyped helper: the module turns mypy's no-untyped-call off, and a
+    # standalone one then drops the runtime's own ignores of it (else unused).
+    t = torch.tanh(_twice(x))
+    def backward(g):
+        return g * (1 - t * t) * 2.0
+    return t, backward
+
+
 def accumulated(x: torch.Tensor, w: torch.Tensor, k: int = 2):
     # Names first bound to a number, then to a tensor: `total: Any = 0` in the
     # module, where mypy took `int` from the first binding and refused the second.
@@ -213,14 +226,20 @@ def accumulated(x: torch.Tensor, w: torch.Tensor, k: int = 2):
 def test_generated_code_for_lists_and_run_time_kinds_passes_mypy_strict(tmp_path):
     from s2sgrad import transform
 
+    (tmp_path / "constructs.py").write_text(TYPED_CONSTRUCTS.lstrip())
     generated = tmp_path / "constructs_grad.py"
-    generated.write_text(transform(TYPED_CONSTRUCTS.lstrip(), "constructs.py"))
+    generated.write_text(
+        transform(TYPED_CONSTRUCTS.lstrip(), "constructs.py", "constructs")
+    )
     assert "_save(ctx, " in generated.read_text()  # the run-time kind is there
     standalone = tmp_path / "constructs_standalone.py"
     standalone.write_text(
-        transform(TYPED_CONSTRUCTS.lstrip(), "constructs.py", standalone=True)
+        transform(
+            TYPED_CONSTRUCTS.lstrip(), "constructs.py", "constructs", standalone=True
+        )
     )
     assert "def _save(" in standalone.read_text()  # and carried
+    assert '# mypy: disable-error-code="no-untyped-call"' in standalone.read_text()
     assert "total: Any = 0\n" in generated.read_text()
     assert "    n = 0\n" in generated.read_text()  # an int throughout: as written
     run = subprocess.run(

@@ -140,6 +140,7 @@ def part(layout: Layout, records: Sequence[Differentiated]) -> Part:
 #: annotations (the user's helper, or one of torch's few, `Tensor.split`): mypy
 #: --strict refuses such a call in typed code, and the code is not s2sgrad's to type.
 _UNTYPED_CALLS = '# mypy: disable-error-code="no-untyped-call"'
+_IGNORED_UNTYPED = "  # type: ignore[no-untyped-call]"
 #: torch's Tensor methods that torch leaves without annotations (torch 2.13).
 _UNTYPED_METHOD = re.compile(r"\.(split|unique|unique_consecutive|unflatten|lu)\(")
 
@@ -176,8 +177,13 @@ def assemble(
     used = [n for diff in sources for n in diff.globals_used if n not in siblings]
     read = set().union(*(p.read for p in parts))
     wanted = read & runtime().names
+    untyped = _calls_untyped(parsed, set(used) & read, parts)
     if options.standalone:
         runtime_imports, runtime_code = runtime().copy(wanted)
+        if untyped:
+            # The module's inline configuration turns the error off, so the
+            # runtime's own ignores of it would be unused, which --strict reports.
+            runtime_code = runtime_code.replace(_IGNORED_UNTYPED, "")
         before = f"{_STANDALONE}\n\n\n{runtime_code}\n\n\n"
         read |= _names_read(runtime_code)
     else:
@@ -187,7 +193,7 @@ def assemble(
         before = f"{check}\n\n\n"
     math = any(p.math for p in parts)
     imports = _imports(parsed, sources, origin, used, read, runtime_imports, math)
-    if _calls_untyped(parsed, set(used) & read, parts):
+    if untyped:
         imports = [_UNTYPED_CALLS, *imports]
     head = "\n".join(imports) + "\n\n" + before
     # The head (imports, the runtime's copy) is cut where `ast` finds its

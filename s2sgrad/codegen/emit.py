@@ -192,9 +192,26 @@ class _SiblingCalls(cst.CSTTransformer):
             backward = self.backwards[func.value.func.value]
             return updated_node.with_changes(
                 func=cst.Name(backward),
-                args=[cst.Arg(func), *updated_node.args],
+                args=[cst.Arg(func), *(self._typed(a) for a in updated_node.args)],
             )
         return updated_node
+
+    def _typed(self, arg: cst.Arg) -> cst.Arg:
+        """A gradient that is what another closure's backward returned
+        (`lin_bwd(act_bwd(g))`) as a `Tensor`: the backward returns `Grad`, None
+        standing for zeros, where the one it is handed to may take a tensor only;
+        the closure hands it over as it is, and so does this call."""
+        value = arg.value
+        if (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Name)
+            and value.func.value in self.backwards.values()
+        ):
+            typed = cst.Call(
+                cst.Name("cast"), [cst.Arg(cst.Name("Tensor")), cst.Arg(value)]
+            )
+            return arg.with_changes(value=typed)
+        return arg
 
 
 def recompute_def(
