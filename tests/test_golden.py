@@ -158,7 +158,7 @@ import torch
 
 def scaled_sum(xs: List[torch.Tensor], ws: List[torch.Tensor], b: torch.Tensor):
     out = b * 1.0
-    for x, w in zip(xs, ws):
+    for x, w in zip(xs, ws, strict=True):
         out = out + x * w
     def backward(g):
         return [g * w for w in ws], [g * x for x in xs], g
@@ -240,6 +240,13 @@ def test_generated_code_for_lists_and_run_time_kinds_passes_mypy_strict(tmp_path
     )
     assert "def _save(" in standalone.read_text()  # and carried
     assert '# mypy: disable-error-code="no-untyped-call"' in standalone.read_text()
+    # bugbear too, which projects often add (B905: `zip` without `strict=`).
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
+         "--select", "E4,E7,E9,F,B", str(generated), str(standalone)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert lint.returncode == 0, lint.stdout + lint.stderr
     assert "total: Any = 0\n" in generated.read_text()
     assert "    n = 0\n" in generated.read_text()  # an int throughout: as written
     run = subprocess.run(

@@ -615,7 +615,7 @@ class FunctionWriter:
             lines += [
                 f"    {grad} = [",
                 "        torch.zeros(s, dtype=d, device=v) if g is None else g",
-                f"        for g, (s, d, v) in zip({grad}, {self.ctx}.{out.var}_like)",
+                f"        for g, (s, d, v) in zip({grad}, {self.ctx}.{out.var}_like, strict=True)",
                 "    ]",
             ]
         return lines
