@@ -542,6 +542,8 @@ def _twin(
     if not isinstance(func, cst.Attribute):
         return None
     method = func.attr.value
+    if write.kind == "method" and method == "copy_":
+        return func if _copied(call) is not None else None  # `_Rewrite._plain`
     if write.kind == "method":
         twin = opfacts.out_of_place(method)
         return func.with_changes(attr=cst.Name(twin)) if twin else None
@@ -552,6 +554,14 @@ def _twin(
     if not opfacts.signatures(plain):
         return None
     return func.with_changes(attr=cst.Name(method[:-1]))
+
+
+def _copied(call: cst.Call) -> cst.BaseExpression | None:
+    """The value `t.copy_(v)` copies into `t`; None where the call says more
+    (`non_blocking=True`)."""
+    if len(call.args) != 1 or call.args[0].star or call.args[0].keyword:
+        return None
+    return call.args[0].value
 
 
 def _whole_statement(diff: Differentiator, node: cst.CSTNode) -> bool:
@@ -646,14 +656,24 @@ class _Rewrite(cst.CSTTransformer):
                 continue
             changed = True
             target = cst.Name(write.name)
-            plain: cst.BaseExpression = self._plain(call, write)
             receiver = _receiver(write, call)
-            if isinstance(receiver, cst.Subscript):  # `t[0].mul_(2)`
-                plain = self._setitem(write.name, receiver, plain)
-            elif write.kind == "method" and self._may_promote(
-                [a.value for a in call.args]
-            ):
-                plain = _keeping_dtype(plain, target)
+            copied = _copied(call) if write.kind == "method" else None
+            if _method(call) == "copy_" and copied is not None:
+                # `t.copy_(v)` is `t[...] = v` (broadcast, cast), `t[0].copy_(v)`
+                # is `t[0] = v`.
+                whole = cst.SubscriptElement(cst.Index(cst.Ellipsis()))
+                part = receiver
+                if not isinstance(part, cst.Subscript):
+                    part = cst.Subscript(target, [whole])
+                plain: cst.BaseExpression = self._setitem(write.name, part, copied)
+            elif isinstance(receiver, cst.Subscript):  # `t[0].mul_(2)`
+                plain = self._setitem(write.name, receiver, self._plain(call, write))
+            else:
+                plain = self._plain(call, write)
+                if write.kind == "method" and self._may_promote(
+                    [a.value for a in call.args]
+                ):
+                    plain = _keeping_dtype(plain, target)
             body.append(cst.Assign([cst.AssignTarget(target)], plain))
             if isinstance(small, cst.Assign):
                 body.append(small.with_changes(value=cst.Name(write.name)))

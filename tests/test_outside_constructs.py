@@ -1218,3 +1218,45 @@ def test_views_a_probe_found_unseen_are_refused(case):
     code, line, _ = _refused(source)
     assert code == "S2S123"
     assert line == source.count("\n") - 3
+
+
+# -- copy_ into a buffer: a store -----------------------------------------------------
+
+COPIES = {
+    "whole": ("buf = torch.zeros(3, 4, dtype=x.dtype)\n    buf.copy_(x * 3.0)", "..."),
+    "empty_like": ("buf = torch.empty_like(x)\n    buf.copy_(x * 3.0)", "..."),
+    "a temporary": ("buf = x * 1.0\n    buf.copy_(x * 3.0)", "..."),
+    "a row": (
+        "buf = torch.zeros(3, 4, dtype=x.dtype)\n    buf[1].copy_(x[1] * 3.0)",
+        "1",
+    ),
+    "a slice": (
+        "buf = torch.zeros(3, 4, dtype=x.dtype)\n    buf[1:2].copy_(x[1:2] * 3.0)",
+        "1:2",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COPIES))
+def test_copy_into_a_buffer_is_a_store(case, tmp_path):
+    """`buf.copy_(v)` is `buf[...] = v`, and `buf[1].copy_(v)` is `buf[1] = v` (a
+    basic index is a view): written `buf = _setitem(buf, ..., v)` as a store is.
+    Filling a buffer this way was refused (no out-of-place twin): orders 1-3."""
+    body, part = COPIES[case]
+    source = (
+        "import torch\n\n\n"
+        "def f(x: torch.Tensor, w: torch.Tensor):\n"
+        f"    {body}\n"
+        "    def backward(g):\n"
+        "        s = torch.zeros_like(x)\n"
+        f"        s[{part}] = 3.0\n"
+        "        return g * w * s, g * buf\n"
+        "    return buf * w, backward\n"
+    )
+    if case == "a temporary":
+        source = source.replace("s = torch.zeros_like(x)", "s = torch.ones_like(x)")
+    closures, generated = import_pair(tmp_path, source, "copies")
+    assert "buf = _setitem(buf, " in transform(source, "m.py", "m")
+    values = [torch.randn(3, 4, dtype=F64), torch.randn(4, dtype=F64)]
+    expected = derivatives(lambda *t: closures.f(*t)[0], leaves(values))
+    assert_same(derivatives(generated.f, leaves(values)), expected)
