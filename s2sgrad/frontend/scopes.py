@@ -469,7 +469,16 @@ class ScopeAnalysis:
         found = []
         writes = []
         views = _input_views(forward, params, self._qualified)
+        module_state = self._module_state(forward, params)
         for hit in hits:
+            changed = (
+                self._module_state_changed(forward, hit)
+                if not hit.in_backward and hit.name in module_state
+                else []
+            )
+            if changed:
+                found += changed
+                continue
             if hit.kind == "container" and not hit.in_backward:
                 # `ys = xs; ys.append(y)` changes the input `xs`.
                 hit = replace(hit, name=renamed.get(hit.name, hit.name))
@@ -507,6 +516,45 @@ class ScopeAnalysis:
             message, hint = _describe(hit, what)
             found.append(self.loc.error("S2S103", hit.node, message, hint))
         return found, tuple(writes)
+
+    def _module_state(self, forward: cst.FunctionDef, params: set[str]) -> set[str]:
+        """The module-level names forward uses without binding them itself."""
+        scope = self.scope_of(forward)
+        local = {a.name for a in scope.assignments} | params
+        return {a.name for a in self.global_scope.assignments} - local
+
+    def _module_state_changed(
+        self, forward: cst.FunctionDef, hit: _Hit
+    ) -> list[Diagnostic]:
+        """S2S131 where forward changes a module-level object that it also reads
+        elsewhere (`h = x * CFG["scale"]`, then `CFG["scale"] = 3.0`): backward's
+        code for higher orders, and a loop it recomputes, read forward's values
+        from the module again, after the change. A change alone (`STATS.append(v)`)
+        is forward's own business."""
+        statement = self.parents.get(hit.node)
+        while statement is not None and not isinstance(
+            statement, cst.SimpleStatementLine
+        ):
+            statement = self.parents.get(statement)
+        inside = set(nodes(statement)) if statement is not None else {hit.node}
+        reads = [
+            n
+            for n in nodes(forward.body)
+            if isinstance(n, cst.Name) and n.value == hit.name and n not in inside
+        ]
+        if not reads:
+            return []
+        return [
+            self.loc.error(
+                "S2S131",
+                hit.node,
+                f"`{hit.code}` changes the module-level `{hit.name}`, which forward "
+                "also reads: the code s2sgrad writes for higher orders reads it "
+                "again in backward, after the change",
+                f"pass what forward reads of `{hit.name}` as a parameter, or change "
+                "it outside the differentiator",
+            )
+        ]
 
     def _incoming_changed(
         self,
