@@ -48,6 +48,7 @@ CODES: dict[str, str] = {
     "S2S130": "a parameter that takes a gradient holds tensors in a container "
     "other than a list or tuple of them",
     "S2S131": "forward changes module-level state that it reads",
+    "S2S132": "an identifier Python reads as another spelling",
 }
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import ast
 import difflib
+import io
 import re
+import tokenize
+import unicodedata
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, get_args
@@ -147,6 +150,10 @@ def _deepest(source: str) -> tuple[int, int]:
 def parse(source: str, path: str) -> ParsedModule:
     """Parse `source` and return its checked differentiators."""
     tree = check_syntax(source, path)
+    if not source.isascii():
+        unnormalized = _unnormalized_names(source, path)
+        if unnormalized:
+            raise TransformError(unnormalized)
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
@@ -174,6 +181,34 @@ def parse(source: str, path: str) -> ParsedModule:
         if not _from_recursion(exc):
             raise
         raise TransformError([too_deep(source, path)]) from None
+
+
+def _unnormalized_names(source: str, path: str) -> list[Diagnostic]:
+    """S2S132 for each identifier not written in NFKC form (`ｓ`, fullwidth): Python
+    reads it as its normal form (`s`), the same variable as a name spelled so, where
+    a syntax tree keeps the spelling, and two spellings would be two variables."""
+    found = []
+    lines = split_lines(source)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type != tokenize.NAME or token.string.isascii():
+            continue
+        same = unicodedata.normalize("NFKC", token.string)
+        if same != token.string:
+            row, column = token.start
+            found.append(
+                Diagnostic(
+                    "S2S132",
+                    f"`{token.string}` is the name `{same}` to Python, which reads "
+                    "identifiers in their normal (NFKC) form, but s2sgrad reads names "
+                    "as they are spelled",
+                    path,
+                    row,
+                    column + 1,
+                    line_text(lines, row),
+                    f"write `{same}`",
+                )
+            )
+    return found
 
 
 #: `return (grad,) + (None,) * 3` and the like, somewhere in the source.
