@@ -435,12 +435,15 @@ def collisions(
             generated[name] = "its own use"
     found = []
     owners: dict[str, Differentiator] = {}
+    imported = runtime_names | set(_IMPORTED) | {"torch", "math"}
     for diff in sources:
         names = Names.of(diff.name)
         for name in (names.forward, names.backward, names.function, names.op):
             first = owners.setdefault(name, diff)
             if first is not diff:
                 found.append(_both_define(parsed, first, diff, name))
+            elif name in imported:
+                found.append(_imported_too(parsed, diff, name))
             generated[name] = f"`{diff.name}`"
     for diff in sources:
         for param in diff.params:
@@ -500,6 +503,20 @@ def _both_define(
         f"the generated module would define `{name}` for `{diff.name}` and for "
         f"`{first.name}` (line {first.first_line}): one would replace the other",
         f"rename `{diff.name}` or `{first.name}`",
+    )
+
+
+def _imported_too(parsed: ParsedModule, diff: Differentiator, name: str) -> Diagnostic:
+    """S2S114: a differentiator whose generated definition takes the name of what the
+    generated module imports for its own use (an op `cast` replaced `typing.cast`,
+    which every op's body calls)."""
+    return _clash(
+        parsed,
+        diff,
+        diff.name,
+        f"the generated module imports `{name}` for its own use, and would define "
+        f"`{name}` for `{diff.name}` too: the definition would replace the import",
+        f"rename `{diff.name}`",
     )
 
 
