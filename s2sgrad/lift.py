@@ -21,7 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound, code, dotted, findall, nodes, spelled, walk
+from s2sgrad.cst import bound, bound_target, code, dotted, findall, nodes, spelled, walk
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.model import Capture, Differentiator, Use
 from s2sgrad.lines import line_text
@@ -820,6 +820,76 @@ def result_names(
     return tuple(
         c or (names.fresh(f"grad_{p.name}") if p.gets_gradient else "None")
         for c, p in zip(chosen, diff.params, strict=True)
+    )
+
+
+def hidden_gradient(diff: Differentiator) -> str | None:
+    """How backward hides the incoming gradients from autograd, if it does: it reads
+    one, or a value made from one, under `torch.no_grad()` (`inference_mode`,
+    `set_grad_enabled(False)`), through `.detach()` or `.data`, or hands it to
+    `torch.autograd` itself. Forward mode transposes backward by differentiating it
+    in its gradients, and would answer zeros there (first order, silently)."""
+    backward = diff.backward
+    made = {p.name.value for p in _all_params(backward.params)}
+    body = list(nodes(backward.body))
+    grown = True
+    while grown:
+        grown = False
+        for node in body:
+            value: cst.BaseExpression | None = None
+            targets: list[cst.BaseExpression] = []
+            if isinstance(node, cst.Assign):
+                value, targets = node.value, [t.target for t in node.targets]
+            elif isinstance(node, (cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
+                value, targets = node.value, [node.target]
+            elif isinstance(node, cst.For):
+                value, targets = node.iter, [node.target]
+            if value is None or not _reads_any(value, made):
+                continue
+            for target in targets:
+                new = bound_target(target) - made
+                if new:
+                    made |= new
+                    grown = True
+    for node in body:
+        if isinstance(node, cst.With) and any(
+            _grad_off(item.item, diff) for item in node.items
+        ):
+            if _reads_any(node.body, made):
+                return "reads its incoming gradient under a grad-off block"
+        elif isinstance(node, cst.Attribute) and node.attr.value == "data":
+            if _reads_any(node.value, made):
+                return "reads its incoming gradient through `.data`"
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            method = node.func.attr.value
+            name = diff.qualified_names.get(node.func) if dotted(node.func) else None
+            if method in ("detach", "detach_") and _reads_any(node.func.value, made):
+                return "detaches its incoming gradient"
+            if (name or "").startswith("torch.autograd.") or method == "backward":
+                return "calls torch.autograd itself"
+    return None
+
+
+def _all_params(params: cst.Parameters) -> list[cst.Param]:
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    return found + [p for p in (params.star_arg,) if isinstance(p, cst.Param)]
+
+
+def _reads_any(node: cst.CSTNode, names: set[str]) -> bool:
+    return any(isinstance(n, cst.Name) and n.value in names for n in nodes(node))
+
+
+def _grad_off(item: cst.BaseExpression, diff: Differentiator) -> bool:
+    """Whether a `with` item turns grad mode off (`torch.no_grad()`)."""
+    if not isinstance(item, cst.Call) or not dotted(item.func):
+        return False
+    name = diff.qualified_names.get(item.func) or code(item.func)
+    if name in ("torch.no_grad", "torch.inference_mode"):
+        return True
+    return (
+        name == "torch.set_grad_enabled"
+        and len(item.args) == 1
+        and m.matches(item.args[0].value, m.Name("False"))
     )
 
 

@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 #: The formats of generated code this runtime serves (s2sgrad/header.py writes them).
-FORMATS = range(9, 40)
+FORMATS = range(9, 41)
 
 Context = tuple[Any, ...]  # what f_forward hands to f_backward
 Grad = Tensor | None  # None stands for a gradient of zeros
@@ -483,6 +483,7 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
         return _distinct(outputs, args) if _differentiating.get() else outputs
 
     refusal = vars(function.backward).get("first_order")
+    hidden = vars(function.backward).get("no_forward_mode")
 
     def setup_context(ctx: Any, inputs: Context, output: Any) -> None:
         function.setup_context(kept := _Kept(ctx), inputs, output)
@@ -500,6 +501,8 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
             return function.backward(_Kept(ctx), *grads)
 
     def jvp(ctx: Any, *tangents: Grad) -> Any:
+        if hidden is not None:
+            raise RuntimeError(hidden)
         with _autocast_as(getattr(ctx, _JVP)[3]):
             found = _distinct(_transposed(function, ctx, tangents), tangents)
         if refusal is None or not torch.is_grad_enabled():
@@ -673,6 +676,25 @@ class _FirstOrder:
 
         vars(run)["first_order"] = message  # which _apply reads
         return run
+
+
+class _NoForwardMode:
+    """Decorate the Function's backward where it hides its incoming gradients from
+    autograd (reads one under `torch.no_grad()`, detaches it): forward mode, the
+    transpose of backward, differentiates backward in its gradients and would see
+    zeros, so it raises instead. Reverse mode runs backward as it is."""
+
+    def __init__(self, name: str, why: str) -> None:
+        self.message = (
+            f"forward mode through `{name}` is not available: its backward {why}, "
+            "so forward mode, which differentiates backward in its incoming "
+            "gradients, would see zeros. Take this derivative in reverse mode "
+            "(torch.func.jacrev, torch.autograd.grad)"
+        )
+
+    def __call__(self, backward: Any) -> Any:
+        vars(backward)["no_forward_mode"] = self.message  # which _with_jvp reads
+        return backward
 
 
 class _Unpacked:

@@ -274,3 +274,86 @@ def test_torch_compile_sees_the_function_without_jvp(edges):
     a, b = compiled(x)
     (g,) = torch.autograd.grad((a + b).sum(), x)
     _close(g, x.detach().cos() + x.detach().exp(), "compiled gradient")
+
+
+# -- a backward that hides its incoming gradient from autograd -----------------------
+
+HIDDEN = """import torch
+
+
+def under_no_grad(x: torch.Tensor):
+    y = x.clamp(min=0)
+    def backward(grad):
+        with torch.no_grad():
+            gi = grad.clone()
+            gi[x < 0] = 0
+        return gi
+    return y, backward
+
+
+def detached(x: torch.Tensor):
+    y = x.clamp(min=0)
+    def backward(grad):
+        return grad.detach() * (x >= 0)
+    return y, backward
+
+
+def through_data(x: torch.Tensor):
+    y = x.clamp(min=0)
+    def backward(grad):
+        g = grad * 1.0
+        return g.data * (x >= 0)
+    return y, backward
+
+
+def by_autograd(x: torch.Tensor):
+    def backward(g):
+        with torch.enable_grad():
+            xx = x.detach().requires_grad_()
+            (gx,) = torch.autograd.grad(torch.tanh(xx), (xx,), g)
+        return gx
+    return torch.tanh(x), backward
+
+
+def mask_under_no_grad(x: torch.Tensor):
+    y = x.clamp(min=0)
+    def backward(grad):
+        with torch.no_grad():
+            m = x >= 0
+        return grad * m
+    return y, backward
+"""
+
+
+@pytest.mark.parametrize(
+    "name", ["under_no_grad", "detached", "through_data", "by_autograd"]
+)
+def test_forward_mode_refuses_a_backward_that_hides_its_gradient(name, tmp_path):
+    """Forward mode transposes backward by differentiating it in its incoming
+    gradient; a backward that reads it under `torch.no_grad()` (or detached) hides
+    that, and `jvp`/`jacfwd` answered zeros where reverse mode was right (a
+    ReLU rule written the usual way). Forward mode raises, naming the op; reverse
+    mode still matches the closure's forward."""
+    namespace = {"__name__": "hidden_grad"}
+    exec(compile(transform(HIDDEN, "hidden.py"), "hidden_grad.py", "exec"), namespace)
+    source = {"__name__": "hidden"}
+    exec(compile(HIDDEN, "hidden.py", "exec"), source)
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64)
+    op, closure = namespace[name], source[name]
+    jacobian = torch.autograd.functional.jacobian  # `.data`, `requires_grad_`: no vmap
+    torch.testing.assert_close(jacobian(op, x), jacobian(lambda t: closure(t)[0], x))
+    with pytest.raises(RuntimeError, match=f"forward mode through `{name}`"):
+        jvp(op, (x,), (torch.ones_like(x),))
+    with pytest.raises(RuntimeError, match=f"forward mode through `{name}`"):
+        with fwAD.dual_level():
+            op(fwAD.make_dual(x, torch.ones_like(x)))
+
+
+def test_a_mask_made_under_no_grad_keeps_forward_mode():
+    namespace = {"__name__": "hidden_grad"}
+    exec(compile(transform(HIDDEN, "hidden.py"), "hidden_grad.py", "exec"), namespace)
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64)
+    _, tangent = jvp(namespace["mask_under_no_grad"], (x,), (torch.ones_like(x),))
+    torch.testing.assert_close(
+        tangent, torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64)
+    )

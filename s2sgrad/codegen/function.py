@@ -33,7 +33,7 @@ from s2sgrad.autodiff.record import Differentiated
 from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.replay import replay
 from s2sgrad.cst import module
-from s2sgrad.lift import Saved, may_be_view
+from s2sgrad.lift import Saved, hidden_gradient, may_be_view
 from s2sgrad.lines import split_lines
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.values import BOTTOM, TENSOR, param_value
@@ -536,6 +536,8 @@ class FunctionWriter:
         lines = ["@staticmethod"]
         if self.record.first_order:
             lines.append(f'@_FirstOrder("{self.diff.name}")')
+        elif (why := hidden_gradient(self.diff)) is not None:
+            lines.append(f'@_NoForwardMode("{self.diff.name}", "{why}")')
         pairs = list(zip(self.slots, self.outputs, strict=True))
         plain = [g for g, o in pairs if not o.listed]
         listed = [g for g, o in pairs if o.listed]
