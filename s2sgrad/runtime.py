@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 #: The formats of generated code this runtime serves (s2sgrad/header.py writes them).
-FORMATS = range(9, 41)
+FORMATS = range(9, 42)
 
 Context = tuple[Any, ...]  # what f_forward hands to f_backward
 Grad = Tensor | None  # None stands for a gradient of zeros
@@ -179,12 +179,19 @@ def _setitem(tensor: Tensor, index: Any, value: Any) -> Tensor:
     by `grad`) cannot be stored into a tensor it does not wrap (`gx =
     torch.zeros_like(x)` in backward, then `gx[m] = ...` under jacrev or hessian, or
     under `vmap` of `grad` with a batched weight): the copy is then made by an
-    out-of-place op of both, which every transform of either wraps.
+    out-of-place op of both, which every transform of either wraps. So it is for a
+    value batched by torch's older vmap, which `autograd.grad(...,
+    is_grads_batched=True)` and batched gradient checks use.
     """
-    if (
-        isinstance(value, Tensor)
-        and not torch.compiler.is_compiling()
-        and _base_apply is not None
+    if not isinstance(value, Tensor) or torch.compiler.is_compiling():
+        tensor = tensor.clone()
+    elif _legacy_batched(value) and not _legacy_batched(tensor):
+        # The batched gradients of `autograd.grad(..., is_grads_batched=True)`
+        # (torch's older vmap): a batched `False` makes the copy batched as well.
+        keep = torch.zeros_like(value, dtype=torch.bool).any()
+        tensor = torch.where(keep, tensor, tensor)
+    elif (
+        _base_apply is not None
         and _transforms_active()
         and not _levels(value) <= _levels(tensor)
     ):
@@ -199,6 +206,13 @@ def _setitem(tensor: Tensor, index: Any, value: Any) -> Tensor:
         value = value.to(tensor.dtype)
     tensor[index] = value
     return tensor
+
+
+def _legacy_batched(tensor: Tensor) -> bool:
+    """Whether `tensor` is batched by torch's older vmap (`is_grads_batched`)."""
+    from torch._C._functorch import is_legacy_batchedtensor
+
+    return bool(is_legacy_batchedtensor(tensor))
 
 
 def _levels(tensor: Tensor) -> set[int]:

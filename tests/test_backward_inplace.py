@@ -246,6 +246,34 @@ def test_backward_inplace_write_under_torch_func(tmp_path, case):
         torch.testing.assert_close(*grads, rtol=1e-7, atol=1e-9)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_backward_inplace_write_under_batched_gradients(tmp_path, case):
+    """`autograd.grad(..., is_grads_batched=True)` and `jacobian(vectorize=True)`
+    batch the incoming gradients with torch's older vmap, which `_setitem` did not
+    see: a store of a batched value into `torch.zeros_like(x)` raised there (and in
+    gradgradcheck's batched check). Both agree with the closure's forward now."""
+    from oracle import import_pair
+
+    closures, generated = import_pair(tmp_path, HEAD + CASES[case], "bipb")
+    x, w = _r(3, 4), _r(4, seed=1)
+    basis = torch.eye(12, dtype=torch.float64).reshape(12, 3, 4)
+    found = []
+    for module in (generated, closures):
+        a, b = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out = module.f(a, b)
+        out = out[0] if module is closures else out
+        found.append(torch.autograd.grad(out, (a, b), basis, is_grads_batched=True))
+        found.append(
+            torch.autograd.functional.jacobian(
+                lambda p, q, m=module: m.f(p, q)[0] if m is closures else m.f(p, q),
+                (x, w),
+                vectorize=True,
+            )
+        )
+    for got, want in zip(found[:2], found[2:], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
+
+
 def test_backward_inplace_writes_read_as_bindings():
     """The generated backward binds each changed tensor anew, from the source's
     operands; the dtype the in-place op kept is kept where an operand is a tensor."""
