@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 #: The formats of generated code this runtime serves (s2sgrad/header.py writes them).
-FORMATS = range(9, 42)
+FORMATS = range(9, 43)
 
 Context = tuple[Any, ...]  # what f_forward hands to f_backward
 Grad = Tensor | None  # None stands for a gradient of zeros

@@ -278,6 +278,34 @@ def test_imports_only_what_the_generated_code_reads():
     _assert_ruff_clean(text)
 
 
+def test_an_aliased_import_has_a_line_of_its_own():
+    """ruff's isort (no `combine-as-imports`) puts `name as alias` on its own line:
+    `from pk.util import helper, helper as double` failed I001."""
+    from s2sgrad import transform
+
+    source = (
+        "import torch\n\nfrom .util import helper\nfrom .util import helper as double"
+        "\nfrom .util import Scale as S\n\n\n"
+        "def f(x: torch.Tensor):\n"
+        "    y: torch.Tensor = helper(x) * S.k\n"
+        "    def backward(grad):\n"
+        "        return double(grad) * S.k\n"
+        "    return y, backward\n"
+    )
+    text = transform(source, "pk/ops.py", "pk.ops")
+    assert (
+        "from pk.util import Scale as S\nfrom pk.util import helper\n"
+        "from pk.util import helper as double\n"
+    ) in text
+    run = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
+         "--select", "E4,E7,E9,F,I", *AS_IN_A_USERS_PROJECT,
+         "--config", "lint.isort.known-first-party = ['pk']", "-"],
+        input=text, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_imports_what_string_annotations_read():
     """`xs: "List[torch.Tensor]"` is copied into the generated signatures, so `List`
     is imported (ruff's F821 would flag it otherwise)."""

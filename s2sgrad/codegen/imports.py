@@ -50,7 +50,8 @@ def import_block(
 
     Sorted as isort (and ruff's `I` rules) sort them: `__future__`, the standard
     library, third-party packages, then the source module's own package; within each,
-    `import x` lines before `from x import y` lines, one line per module.
+    `import x` lines before `from x import y` lines, one line per module (and one per
+    `name as alias`).
     """
     if module_name is not None and not importable(module_name):
         module_name = None  # `my-ops`, `class.ops`: no import statement can name it
@@ -85,8 +86,17 @@ def import_block(
     for item in sorted(plain, key=_module_key):
         sections[_section(item.split(" ")[0], own)].append(f"import {item}")
     for module in sorted(froms, key=_module_key):
-        names = ", ".join(sorted(froms[module], key=name_key))
-        sections[_section(module, own)].append(f"from {module} import {names}")
+        # isort without `combine-as-imports` (ruff's default): the plain names on one
+        # line, each `name as alias` on its own, the lines in the order of their
+        # first names.
+        plain_names = sorted(
+            (n for n in froms[module] if " as " not in n), key=name_key
+        )
+        groups = [[n] for n in froms[module] if " as " in n]
+        groups += [plain_names] if plain_names else []
+        for group in sorted(groups, key=lambda g: name_key(g[0])):
+            names = ", ".join(group)
+            sections[_section(module, own)].append(f"from {module} import {names}")
     # Generated annotations evaluate on Python 3.10+; the user's, kept as written, stay
     # text (PEP 563) where the source module says so.
     out = ["from __future__ import annotations"] if future else []
