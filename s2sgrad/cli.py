@@ -371,14 +371,37 @@ def _clashes(jobs: Sequence[Job]) -> str | None:
                 f"the output of {display_path(job.source)} would be written over "
                 f"{display_path(job.output)}, a source"
             )
-        if output in seen and seen[output] != job.source.resolve():
+        first = seen.get(output)
+        if (
+            first is not None
+            and first != job.source.resolve()
+            and _both_write(next(j for j in jobs if j.source.resolve() == first), job)
+        ):
             return (
                 f"{display_path(seen[output])} and {display_path(job.source)} would "
                 f"both write {display_path(job.output)}; convert them in separate "
                 "runs, or to separate output directories"
             )
-        seen[output] = job.source.resolve()
+        seen.setdefault(output, job.source.resolve())
     return None
+
+
+def _both_write(first: Job, second: Job) -> bool:
+    """Whether both jobs may write their output: a file found in a directory
+    without differentiators writes nothing (two packages' `__init__.py`, converted
+    into one output directory, are no clash)."""
+    from s2sgrad.pipeline import has_differentiators
+
+    for job in (first, second):
+        if job.explicit:
+            continue
+        shown = display_path(job.source)
+        try:
+            if not has_differentiators(read_source(job.source, shown), shown):
+                return False
+        except (OSError, s2sgrad.TransformError):
+            continue  # its conversion says what is wrong
+    return True
 
 
 def select(args: argparse.Namespace, config: Config) -> list[Job]:

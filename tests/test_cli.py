@@ -292,6 +292,26 @@ def test_two_sources_writing_one_output_is_an_error(tmp_path):
         assert not (tmp_path / "out").exists()
 
 
+def test_two_packages_into_one_output_directory(tmp_path):
+    """`convert a b -o out` with an empty `__init__.py` in each refused: both would
+    write out/__init___grad.py, though a file without differentiators writes
+    nothing. Two modules of one name with differentiators still clash."""
+    for folder, name in (("a", "one"), ("b", "two")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+        (tmp_path / folder / f"{name}.py").write_text(GOOD)
+    run = s2sgrad("convert", "a", "b", "-o", "out", cwd=tmp_path)
+    assert run.returncode == 0, run
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "one_grad.py",
+        "two_grad.py",
+    ]
+    (tmp_path / "b" / "one.py").write_text(GOOD)
+    run = s2sgrad("convert", "a", "b", "-o", "out2", cwd=tmp_path)
+    assert run.returncode == 2, run
+    assert "would both write out2/one_grad.py" in run.stderr, run
+
+
 @pytest.mark.parametrize("target", ["ops.py", "."])
 def test_review_html_never_replaces_a_source_or_a_directory(tmp_path, target):
     """`review ops.py --html ops.py` replaced the source with the page (exit 0); a
