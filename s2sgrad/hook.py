@@ -165,12 +165,12 @@ class ImportHook(importlib.abc.MetaPathFinder):
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
         try:
-            suffix = (self.options or project_options(Path.cwd())).suffix
+            suffix = self._suffix(fullname, path)
         except ImportError:
             if self.packages is not None and not self._near(fullname):
                 return None  # not the hook's to serve: a bad table breaks it not
             raise
-        if not fullname.endswith(suffix):
+        if suffix is None:
             return None
         source_name = fullname[: -len(suffix)]
         if not source_name or source_name.endswith("."):
@@ -194,6 +194,19 @@ class ImportHook(importlib.abc.MetaPathFinder):
         return spec_for(
             fullname, source, self.options or project_options(source.parent)
         )
+
+    def _suffix(self, fullname: str, path: Sequence[str] | None) -> str | None:
+        """The suffix `fullname` ends with, of the options that serve it: explicit
+        ones, else those of the project holding its package's folders (a submodule:
+        `path`), else, for a top-level module, of the working directory's project."""
+        if self.options is not None:
+            found = [self.options.suffix]
+        elif path is not None:
+            found = [project_options(Path(folder)).suffix for folder in path]
+        else:
+            found = [project_options(Path.cwd()).suffix]
+        last = fullname.rpartition(".")[2]
+        return next((x for x in found if last.endswith(x) and last != x), None)
 
     def _near(self, fullname: str) -> bool:
         """Whether `fullname` may be an output of a source in the packages: its

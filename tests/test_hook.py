@@ -420,6 +420,34 @@ def test_hook_honours_standalone_in_the_project_table(tmp_path):
     assert f", options {Options(standalone=True).key()}," in served
 
 
+def test_a_package_s_suffix_comes_from_its_own_project(tmp_path):
+    """`suffix = "_g"` in the project holding `pkg`: `import pkg.ops_g` failed from
+    any other working directory (the hook read the suffix of the working
+    directory's project), and `import pkg.ops_grad` served the `_g` module."""
+    project(
+        tmp_path / "proj",
+        {
+            "pyproject.toml": '[tool.s2sgrad]\nsuffix = "_g"\n',
+            "pkg/__init__.py": "",
+            "pkg/ops.py": SQUARE,
+        },
+    )
+    (tmp_path / "elsewhere").mkdir()
+    script = (
+        "import sys, s2sgrad\n"
+        f"sys.path.insert(0, {str(tmp_path / 'proj')!r})\n"
+        "s2sgrad.install_import_hook(['pkg'])\n"
+        "import pkg.ops_g\n"
+        "print(pkg.ops_g.square.__name__)\n"
+        "try:\n"
+        "    import pkg.ops_grad\n"
+        "except ModuleNotFoundError:\n"
+        "    print('no ops_grad')\n"
+    )
+    run = ok(python("-c", script, cwd=tmp_path / "elsewhere"))
+    assert run.stdout.split() == ["square", "no", "ops_grad"]
+
+
 # 6. S2SGRAD_TRACE, and the packages filter
 
 
