@@ -405,16 +405,14 @@ def _both_write(first: Job, second: Job) -> bool:
 
 
 def select(args: argparse.Namespace, config: Config) -> list[Job]:
-    """Return a job for every file the arguments name or `[tool.s2sgrad]` selects."""
-    return [
-        Job(
-            source,
-            output_path(source, base, config.output_dir, config.suffix),
-            base is None,
-        )
-        for source, base in discover([Path(p) for p in args.paths], config.suffix)
-        if base is None or config.selects(source)
-    ]
+    """Return a job for every file the arguments name or `[tool.s2sgrad]` selects,
+    once each (`convert a.py a.py`, `convert . a.py`: the first naming counts)."""
+    jobs: dict[Path, Job] = {}
+    for source, base in discover([Path(p) for p in args.paths], config.suffix):
+        if base is None or config.selects(source):
+            output = output_path(source, base, config.output_dir, config.suffix)
+            jobs.setdefault(source.resolve(), Job(source, output, base is None))
+    return list(jobs.values())
 
 
 def run_jobs(
@@ -474,6 +472,7 @@ def _pool(workers: int) -> Iterator[ProcessPoolExecutor | None]:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
     if "-" in args.paths:
         return convert_stdin(args)
     if args.stdout and (args.check or args.diff):
@@ -531,7 +530,12 @@ def run_convert(args: argparse.Namespace) -> int:
             return EXIT_ERROR
         say(args, f"wrote {display_path(outcome.output)}")
     lines = sum(o.text.count("\n") for o in converted)
-    say(args, f"s2sgrad: {len(converted)} file(s), {lines} generated lines", 1)
+    took = time.perf_counter() - start
+    say(
+        args,
+        f"s2sgrad: {len(converted)} file(s), {lines} generated lines in {took:.2f} s",
+        1,
+    )
     return EXIT_OK
 
 

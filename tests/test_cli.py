@@ -10,19 +10,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-GOOD = '''import torch
+GOOD = """import torch
 
 
 def square(x):
     def backward(grad):
         return 2.0 * grad * x
     return x * x, backward
-'''
+"""
 
 
 def s2sgrad(*args, cwd, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "s2sgrad", *args], cwd=cwd, capture_output=True, text=True,
+        [sys.executable, "-m", "s2sgrad", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
         env=env,
     )
 
@@ -43,7 +46,9 @@ def test_convert_samples_to_out_dir_then_import_and_backward(tmp_path):
         "y = softmax_grad.softmax(a.detach().requires_grad_(), dim=0)\n"
         "y[0].backward(); print('ok')\n"
     )
-    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "ok"
 
@@ -76,10 +81,15 @@ def test_directory_skips_generated_and_plain_modules(tmp_path):
     (pkg / "plain.py").write_text("X = 1\n")
     run = s2sgrad("convert", "pkg", "-o", "out", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    assert [p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.py")] == ["sub/ops_grad.py"]
+    assert [
+        p.relative_to(tmp_path / "out").as_posix()
+        for p in (tmp_path / "out").rglob("*.py")
+    ] == ["sub/ops_grad.py"]
     again = s2sgrad("convert", "pkg", cwd=tmp_path)
     assert again.returncode == 0
-    assert (pkg / "sub" / "ops_grad.py").exists() and not (pkg / "sub" / "ops_grad_grad.py").exists()
+    assert (pkg / "sub" / "ops_grad.py").exists() and not (
+        pkg / "sub" / "ops_grad_grad.py"
+    ).exists()
 
 
 def test_helpers_are_imported_from_the_source_package(tmp_path):
@@ -94,11 +104,15 @@ def test_helpers_are_imported_from_the_source_package(tmp_path):
     assert run.returncode == 0, run.stderr
     text = (tmp_path / "elsewhere" / "ops_grad.py").read_text()
     assert "from pkg.ops import helper\n" in text
-    script = ("import sys, torch; sys.path.insert(0, 'elsewhere'); import ops_grad, pkg.ops\n"
-              "assert ops_grad.helper is pkg.ops.helper\n"
-              "x = torch.ones(2, requires_grad=True); ops_grad.scaled(x).sum().backward()\n"
-              "assert x.grad.tolist() == [3.0, 3.0]\n")
-    check = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    script = (
+        "import sys, torch; sys.path.insert(0, 'elsewhere'); import ops_grad, pkg.ops\n"
+        "assert ops_grad.helper is pkg.ops.helper\n"
+        "x = torch.ones(2, requires_grad=True); ops_grad.scaled(x).sum().backward()\n"
+        "assert x.grad.tolist() == [3.0, 3.0]\n"
+    )
+    check = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stderr
 
 
@@ -123,7 +137,9 @@ def test_internal_error_says_bug_and_writes_traceback(tmp_path):
         "pipeline.convert = boom\n"
         "sys.exit(cli.main(['convert', 'ops.py']))\n"
     )
-    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
+    )
     assert run.returncode == 123
     assert "bug in s2sgrad" in run.stderr and "Traceback" not in run.stderr
     log = run.stderr.split("traceback is in ")[1].split(";")[0]
@@ -135,17 +151,33 @@ def test_internal_error_says_bug_and_writes_traceback(tmp_path):
 # -- file modes: what an editor would write ---------------------------------------------
 
 
-@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+@pytest.mark.parametrize(
+    "umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)]
+)
 def test_new_outputs_get_0666_less_the_umask(tmp_path, umask, mode):
     (tmp_path / "ops.py").write_text(GOOD)
     run = subprocess.run(
         [sys.executable, "-m", "s2sgrad", "convert", "ops.py"],
-        cwd=tmp_path, capture_output=True, text=True, umask=umask,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        umask=umask,
     )
     assert run.returncode == 0, run.stderr
     review = subprocess.run(
-        [sys.executable, "-m", "s2sgrad", "review", "ops.py", "--html", "pages/ops.html"],
-        cwd=tmp_path, capture_output=True, text=True, umask=umask,
+        [
+            sys.executable,
+            "-m",
+            "s2sgrad",
+            "review",
+            "ops.py",
+            "--html",
+            "pages/ops.html",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        umask=umask,
     )
     assert review.returncode == 0, review.stderr
     for written in ("ops_grad.py", "pages/ops.html"):
@@ -165,7 +197,10 @@ def test_an_existing_output_keeps_its_mode(tmp_path):
     for args in (["convert", "ops.py"], ["review", "ops.py", "--html", "ops.html"]):
         run = subprocess.run(
             [sys.executable, "-m", "s2sgrad", *args],
-            cwd=tmp_path, capture_output=True, text=True, umask=0o022,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            umask=0o022,
         )
         assert run.returncode == 0, run.stderr
     for name in ("ops_grad.py", "ops.html"):
@@ -234,14 +269,20 @@ def test_the_command_line_ends_at_once_only_after_converting(
     assert ("teardown" not in run.stdout) == ends_at_once, run
     if command == "review":  # the whole report came out before the process ended
         whole = subprocess.run(
-            [sys.executable, "-c", "from s2sgrad.cli import main; main(['review', 'ops.py'])"],
+            [
+                sys.executable,
+                "-c",
+                "from s2sgrad.cli import main; main(['review', 'ops.py'])",
+            ],
             cwd=tmp_path,
             capture_output=True,
             text=True,
         )
         assert run.stdout == whole.stdout and "square_backward" in run.stdout
     if command == "convert":
-        assert (tmp_path / "ops_grad.py").read_text().startswith("# Generated by s2sgrad")
+        assert (
+            (tmp_path / "ops_grad.py").read_text().startswith("# Generated by s2sgrad")
+        )
 
 
 def test_a_closed_pipe_does_not_change_the_exit_code(tmp_path):
@@ -250,7 +291,7 @@ def test_a_closed_pipe_does_not_change_the_exit_code(tmp_path):
     (tmp_path / "ops.py").write_text(GOOD)
     run = subprocess.run(
         f"{sys.executable} -m s2sgrad review ops.py | head -c 10; "
-        "echo \" code=${PIPESTATUS[0]}\"",
+        'echo " code=${PIPESTATUS[0]}"',
         shell=True,
         executable="/bin/bash",
         cwd=tmp_path,
@@ -290,6 +331,18 @@ def test_two_sources_writing_one_output_is_an_error(tmp_path):
         assert run.returncode == 2, run
         assert "would both write out/ops_grad.py" in run.stderr, run
         assert not (tmp_path / "out").exists()
+
+
+def test_a_file_named_twice_is_converted_once(tmp_path):
+    """`convert ops.py ops.py` and `convert . ops.py` said "wrote" (or "unchanged")
+    once per naming; `-v` says how long the run took, as the README promises."""
+    (tmp_path / "ops.py").write_text(GOOD)
+    run = s2sgrad("convert", "ops.py", "ops.py", cwd=tmp_path)
+    assert run.returncode == 0 and run.stderr == "wrote ops_grad.py\n", run
+    run = s2sgrad("convert", "-v", ".", "ops.py", cwd=tmp_path)
+    assert run.returncode == 0, run
+    assert run.stderr.startswith("unchanged ops_grad.py\ns2sgrad: 1 file(s), "), run
+    assert run.stderr.endswith(" s\n") and " generated lines in " in run.stderr, run
 
 
 def test_two_packages_into_one_output_directory(tmp_path):

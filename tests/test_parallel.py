@@ -98,8 +98,15 @@ def twice(tmp_path, files, *args, pooled=True):
 
 def test_convert_on_two_workers_writes_what_one_writes(tmp_path):
     serial, parallel = twice(tmp_path, FILES, "convert", "-v", "pkg")
+    # `-v` says how long it took, which no two runs share.
+    took = re.compile(r" in \d+\.\d\d s$", re.MULTILINE)
+    serial, parallel = (
+        (code, out, took.sub(" in T s", err), files)
+        for code, out, err, files in (serial, parallel)
+    )
     assert parallel == serial
     code, _, stderr, files = serial
+    assert re.search(r"s2sgrad: 4 file\(s\), \d+ generated lines in T s\n$", stderr)
     assert code == 0, stderr
     assert stderr.splitlines()[:4] == [
         "wrote pkg/a_grad.py",
