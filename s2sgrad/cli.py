@@ -650,6 +650,7 @@ def run_check(args: argparse.Namespace) -> int:
 
     counts = {"ok": 0, "wrong": 0, "no examples": 0, "error": 0}
     sources = [s for s, _ in discover([Path(p) for p in args.paths], options.suffix)]
+    unread = 0  # files that could not be read or parsed: each is reported, in order
     for source in sources:
         shown = display_path(source)
         try:
@@ -657,7 +658,8 @@ def run_check(args: argparse.Namespace) -> int:
         except s2sgrad.TransformError as exc:
             for diagnostic in exc.diagnostics:
                 print(diagnostic.render(), file=sys.stderr)
-            return EXIT_ERROR
+            unread += 1
+            continue
         if not names:
             continue
         started = time.perf_counter()
@@ -681,6 +683,9 @@ def run_check(args: argparse.Namespace) -> int:
             elif args.verbosity >= 0:
                 print(f"{line} ({checked.report})" if checked.report else line)
         say(args, f"{shown}: {len(found)} differentiator(s) in {took:.1f} s", 1)
+    if unread:
+        print(f"s2sgrad: {unread} file(s) failed", file=sys.stderr)
+        return EXIT_ERROR
     if not any(counts.values()):
         print("s2sgrad: no differentiators found", file=sys.stderr)
         return EXIT_ERROR

@@ -443,6 +443,19 @@ def test_check_command_rejects_a_bad_table(tmp_path, table, message):
     assert run.returncode == 2 and message in run.stderr, run.stderr
 
 
+def test_check_command_reports_every_file_it_cannot_read(tmp_path):
+    """`s2sgrad check .` stopped at the first file it could not parse and said
+    nothing of the others; each is reported now, in order, and the good ones run."""
+    (tmp_path / "ops.py").write_text(OPS)
+    (tmp_path / "a_bad.py").write_text("def f(x):\n    return x *\n")
+    (tmp_path / "z_bad.py").write_bytes(b"# caf\xe9\n")
+    run = s2sgrad("check", ".", cwd=tmp_path)
+    assert run.returncode == 2, run
+    assert run.stderr.index("a_bad.py:2:") < run.stderr.index("z_bad.py:1:"), run
+    assert "s2sgrad: 2 file(s) failed" in run.stderr, run
+    assert "ok          ops.py::scale" in run.stdout, run
+
+
 def test_check_command_reports_an_example_that_raises(tmp_path):
     (tmp_path / "ops.py").write_text(
         OPS.split("S2SGRAD_EXAMPLES")[0]
