@@ -64,6 +64,11 @@ def project(tmp_path, square_grad):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "square.py").write_text(SQUARE)
     (tmp_path / "pkg" / "square_grad.py").write_text(square_grad)
+    # A second module, found only through the directory (a file named twice, as
+    # `pkg/square.py` and inside `pkg`, is checked once).
+    (tmp_path / "pkg" / "other.py").write_text(SQUARE)
+    other = transform(SQUARE, "pkg/other.py", module_name="other")
+    (tmp_path / "pkg" / "other_grad.py").write_text(other)
     return tmp_path
 
 
