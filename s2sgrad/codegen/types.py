@@ -10,10 +10,12 @@ written.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import libcst as cst
 import libcst.matchers as m
 
-from s2sgrad.cst import bound_target, nodes
+from s2sgrad.cst import bound_target
 from s2sgrad.frontend.model import Param
 from s2sgrad.values import NONE, Value, integers, param_value
 
@@ -61,27 +63,55 @@ def numbers_widened(
     parameters annotated `int`) keeps its inferred `int`."""
     first: dict[str, cst.Assign] = {}
     count: dict[str, int] = {}
-    for node in nodes(function.body):
-        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-            targets = node.targets if isinstance(node, cst.Assign) else [node]
-            for target in targets:
-                for name in bound_target(target.target):
-                    count[name] = count.get(name, 0) + 1
-                    if name not in first and isinstance(node, cst.Assign):
-                        first[name] = node
-    integral = integers(function.body, ints)
-    widen = {
-        id(node)
+    for node in _assignments(function.body):
+        targets = node.targets if isinstance(node, cst.Assign) else [node]
+        for target in targets:
+            for name in bound_target(target.target):
+                count[name] = count.get(name, 0) + 1
+                if name not in first and isinstance(node, cst.Assign):
+                    first[name] = node
+    numbers = {
+        name: node
         for name, node in first.items()
         if count[name] > 1
-        and name not in integral
         and len(node.targets) == 1
         and isinstance(node.targets[0].target, cst.Name)
         and _number_literal(node.value)
     }
+    if not numbers:
+        return function
+    integral = integers(function.body, ints)
+    widen = {id(node) for name, node in numbers.items() if name not in integral}
     if not widen:
         return function
     return cst.ensure_type(function.visit(_Widened(widen)), cst.FunctionDef)
+
+
+def _assignments(
+    node: cst.CSTNode,
+) -> Iterator[cst.Assign | cst.AugAssign | cst.AnnAssign]:
+    """The assignment statements of a function's body, in order, blocks included,
+    nested functions and classes left out (they bind names of their own)."""
+    for child in node.children:
+        if isinstance(child, cst.SimpleStatementLine):
+            for small in child.body:
+                if isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+                    yield small
+        elif isinstance(child, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        elif isinstance(
+            child,
+            (
+                cst.BaseSuite,
+                cst.BaseCompoundStatement,
+                cst.Else,
+                cst.ExceptHandler,
+                cst.ExceptStarHandler,
+                cst.Finally,
+                cst.MatchCase,
+            ),
+        ):
+            yield from _assignments(child)
 
 
 def _number_literal(node: cst.BaseExpression) -> bool:
