@@ -40,7 +40,7 @@ from s2sgrad.cst import (
 )
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
-from s2sgrad.lift import aliasing_names, may_alias_at
+from s2sgrad.lift import aliasing_names, grad_off, may_alias_at
 from s2sgrad.lines import line_text
 from s2sgrad.sharing import CONTAINER_ADDS, may_share
 from s2sgrad.values import (
@@ -155,10 +155,6 @@ def out_of_place(
     )
 
 
-#: Context managers that turn grad mode off for their block.
-_GRAD_OFF = frozenset({"torch.no_grad", "torch.inference_mode"})
-
-
 def _gradless(diff: Differentiator) -> set[int]:
     """The ids of the nodes inside forward's `with torch.no_grad():` blocks (also
     `torch.inference_mode()` and `torch.set_grad_enabled(False)`)."""
@@ -166,22 +162,9 @@ def _gradless(diff: Differentiator) -> set[int]:
     for statement in diff.statements:
         for block in findall(statement, m.With()):
             assert isinstance(block, cst.With)
-            if any(_grad_off(item.item, diff) for item in block.items):
+            if any(grad_off(item.item, diff) for item in block.items):
                 found |= {id(n) for n in nodes(block.body)}
     return found
-
-
-def _grad_off(item: cst.BaseExpression, diff: Differentiator) -> bool:
-    if not isinstance(item, cst.Call):
-        return False
-    name = diff.qualified_names.get(item.func) if dotted(item.func) else None
-    if name in _GRAD_OFF:
-        return True
-    return (
-        name == "torch.set_grad_enabled"
-        and len(item.args) == 1
-        and m.matches(item.args[0].value, m.Name("False"))
-    )
 
 
 def _statement(node: object) -> cst.BaseStatement:
@@ -1304,9 +1287,7 @@ def _backward_write(
         isinstance(func, cst.Attribute)
         and func.attr.value == "copy_"
         and isinstance(func.value, cst.Name)
-        and len(call.args) == 1
-        and call.args[0].keyword is None
-        and not call.args[0].star
+        and _copied(call) is not None
     ):
         return _BackwardWrite(func.value.value, small, call, "copy", func.value, line)
     if (
@@ -1316,9 +1297,7 @@ def _backward_write(
         and _index(func.value) is not None
         and (
             func.attr.value == "copy_"
-            and len(call.args) == 1
-            and call.args[0].keyword is None
-            and not call.args[0].star
+            and _copied(call) is not None
             or opfacts.is_inplace(func.attr.value)
             and opfacts.out_of_place(func.attr.value) is not None
         )

@@ -853,7 +853,7 @@ def hidden_gradient(diff: Differentiator) -> str | None:
                     grown = True
     for node in body:
         if isinstance(node, cst.With) and any(
-            _grad_off(item.item, diff) for item in node.items
+            grad_off(item.item, diff) for item in node.items
         ):
             if _reads_any(node.body, made):
                 return "reads its incoming gradient under a grad-off block"
@@ -879,8 +879,9 @@ def _reads_any(node: cst.CSTNode, names: set[str]) -> bool:
     return any(isinstance(n, cst.Name) and n.value in names for n in nodes(node))
 
 
-def _grad_off(item: cst.BaseExpression, diff: Differentiator) -> bool:
-    """Whether a `with` item turns grad mode off (`torch.no_grad()`)."""
+def grad_off(item: cst.BaseExpression, diff: Differentiator) -> bool:
+    """Whether a `with` item turns grad mode off: `torch.no_grad()`,
+    `torch.inference_mode()`, `torch.set_grad_enabled(False)`."""
     if not isinstance(item, cst.Call) or not dotted(item.func):
         return False
     name = diff.qualified_names.get(item.func) or code(item.func)
