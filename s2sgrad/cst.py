@@ -20,9 +20,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any, TypeGuard, TypeVar
 
 import libcst as cst
-import libcst.matchers as m
+
+#: A kind of node that `findall` and `sole` look for.
+N = TypeVar("N", bound=cst.CSTNode)
 
 
 def statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
@@ -209,7 +212,7 @@ class DepthTransformer(cst.CSTTransformer):
 
 def spelled(*roots: cst.CSTNode) -> set[str]:
     """Every `Name` in the nodes, attribute names and keywords included: what
-    `m.findall(node, m.Name())` finds, at a fraction of its cost."""
+    `findall(node, cst.Name)` finds, at a fraction of its cost."""
     # `type(n) is cst.Name`: a leaf class, and `isinstance` goes through ABCMeta.
     return {n.value for root in roots for n in nodes(root) if type(n) is cst.Name}
 
@@ -463,47 +466,69 @@ def _attribute_hooks(kind: type[cst.CSTVisitor]) -> bool:
 _BASES = frozenset(cst.CSTVisitor.__mro__)
 
 
-def findall(root: cst.CSTNode, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
-    """What `libcst.matchers.findall(root, matcher)` returns, in the same order.
+def findall(
+    root: cst.CSTNode,
+    kinds: type[N] | tuple[type[N], ...],
+    where: Callable[[N], bool] | None = None,
+) -> list[N]:
+    """Every node of `kinds` under `root` (`root` included) for which `where` holds,
+    in the order libcst visits them: `findall(f, cst.Call, calls_name)`.
 
-    `matcher` matches nodes (`m.Call(...)`, `m.Name() | m.Attribute()`): libcst's
-    `findall` also takes `m.MatchIfTrue` and the like at the top, which `m.matches`
-    refuses there, so they are refused here.
+    Plain `isinstance` tests and predicates rather than `libcst.matchers`: importing
+    the matchers costs 0.12 s (a tenth of converting a module cold), and matching
+    with them is several times slower than the tests they stand for.
     """
-    if not isinstance(matcher, m.BaseMatcherNode):
-        raise TypeError(f"findall takes a node matcher, not {matcher!r}")
-    kinds = _matched_types(matcher)
-    if kinds is not None and not any(k.__subclasses__() for k in kinds):
+    if not isinstance(kinds, (type, tuple)):  # TRANSITIONAL: a libcst matcher
+        return _legacy_findall(root, kinds)  # type: ignore[unreachable]
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    found: list[N] = []
+    if not any(kind.__subclasses__() for kind in kinds):
         # Leaf classes: a set lookup by class, not `isinstance` through ABCMeta.
         leaves = frozenset(kinds)
-        return [
-            node
-            for node in nodes(root)
-            if type(node) in leaves and m.matches(node, matcher)
-        ]
-    return [
-        node
-        for node in nodes(root)
-        if (kinds is None or isinstance(node, kinds)) and m.matches(node, matcher)
-    ]
+        for node in nodes(root):
+            if type(node) in leaves and (where is None or where(node)):  # type: ignore[arg-type]
+                found.append(node)  # type: ignore[arg-type]
+        return found
+    for node in nodes(root):
+        if isinstance(node, kinds) and (where is None or where(node)):
+            found.append(node)
+    return found
 
 
-def _matched_types(matcher: object) -> tuple[type[cst.CSTNode], ...] | None:
-    """The node classes `matcher` can match (`m.Call()`: `cst.Call`), or None when
-    it may match any node (`m.MatchIfTrue`)."""
-    if isinstance(matcher, m.OneOf):
-        found: list[type[cst.CSTNode]] = []
-        for option in matcher.options:
-            kinds = _matched_types(option)
-            if kinds is None:
-                return None
-            found += kinds
-        return tuple(found)
-    if isinstance(matcher, m.BaseMatcherNode):
-        kind = getattr(cst, type(matcher).__name__, None)
-        if isinstance(kind, type) and issubclass(kind, cst.CSTNode):
-            return (kind,)
-    return None
+def is_name(node: object, value: str | None = None) -> TypeGuard[cst.Name]:
+    """Whether `node` is a `Name` (spelled `value`, where given)."""
+    # `type(...) is`: a leaf class, and `isinstance` goes through ABCMeta.
+    return type(node) is cst.Name and (value is None or node.value == value)
+
+
+def calls_name(node: object, value: str | None = None) -> TypeGuard[cst.Call]:
+    """Whether `node` calls a bare name (`f(...)`; `range(...)` where `value` is
+    "range")."""
+    return type(node) is cst.Call and is_name(node.func, value)
+
+
+def sole(line: object, kind: type[N]) -> N | None:
+    """The small statement of a statement line that holds one, where it is a `kind`
+    (`sole(line, cst.Return)` for a line `return ...`), else None."""
+    if type(line) is not cst.SimpleStatementLine or len(line.body) != 1:
+        return None
+    only = line.body[0]
+    return only if isinstance(only, kind) else None
+
+
+def sole_target(node: object) -> cst.BaseAssignTargetExpression | None:
+    """The target of an assignment to one target (`t = ...`, `a, b = ...`; not
+    `a = b = ...`), else None."""
+    if type(node) is not cst.Assign or len(node.targets) != 1:
+        return None
+    target: cst.BaseAssignTargetExpression = node.targets[0].target
+    return target
+
+
+def assigned_name(node: object) -> cst.Name | None:
+    """The name an assignment to one name binds (`t = ...`), else None."""
+    target = sole_target(node)
+    return target if is_name(target) else None
 
 
 def says_inplace(call: cst.Call) -> bool:
@@ -515,3 +540,9 @@ def says_inplace(call: cst.Call) -> bool:
         and a.value.value == "True"
         for a in call.args
     )
+
+
+def _legacy_findall(root: Any, matcher: Any) -> Any:  # TRANSITIONAL
+    import libcst.matchers as m
+
+    return [node for node in nodes(root) if m.matches(node, matcher)]
