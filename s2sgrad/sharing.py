@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad import opfacts
 from s2sgrad.cst import dotted, findall
@@ -58,11 +57,7 @@ def may_share(
         clause: cst.CompFor | None = value.for_in
         while clause is not None:
             if any(may_share(clause.iter, c, qualified, handing) for c in carriers):
-                carriers |= {
-                    n.value
-                    for n in findall(clause.target, m.Name())
-                    if isinstance(n, cst.Name)
-                }
+                carriers |= {n.value for n in findall(clause.target, cst.Name)}
             clause = clause.inner_for_in
         elements = (
             [value.key, value.value] if isinstance(value, cst.DictComp) else [value.elt]

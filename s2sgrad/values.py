@@ -25,10 +25,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound, bound_target, dotted, nodes, statements, walk
+from s2sgrad.cst import (
+    bound,
+    bound_target,
+    calls_name,
+    dotted,
+    is_name,
+    nodes,
+    statements,
+    walk,
+)
 from s2sgrad.frontend.model import Differentiator, Helper, Param
 from s2sgrad.sharing import shared_arguments
 
@@ -269,11 +277,11 @@ def param_value(param: Param) -> Value:
     default = param.node.default
     if annotation is not None:
         value = annotation_value(annotation.annotation)
-        if default is not None and m.matches(default, m.Name("None")):
+        if default is not None and is_name(default, "None"):
             value = value.join(NONE_VALUE)  # `xs: List[Tensor] = None`: Optional
         if value.kinds != _ALL:
             return _differentiable(_tensor_too(value, param), param.gets_gradient)
-    if default is not None and m.matches(default, m.Name("None")):
+    if default is not None and is_name(default, "None"):
         # `bias=None`: None, or what the caller passes instead: a tensor (it takes a
         # gradient) or a number; anything at all where it takes none.
         return MAYBE_TENSOR_OR_NONE if param.gets_gradient else UNKNOWN
@@ -1352,7 +1360,7 @@ def integers(root: cst.CSTNode, given: frozenset[str] = frozenset()) -> frozense
 
     for node in nodes(root):
         if isinstance(node, cst.For):
-            counter = m.matches(node.iter, m.Call(func=m.Name("range")))
+            counter = calls_name(node.iter, "range")
             add(node.target, cst.Integer("0") if counter else None)
         elif isinstance(node, cst.Assign):
             for target in node.targets:
@@ -1421,7 +1429,10 @@ def int_expression(node: cst.BaseExpression, ints: set[str] | frozenset[str]) ->
     if isinstance(node, cst.Attribute):
         return node.attr.value == "ndim"
     if isinstance(node, cst.Subscript):
-        return m.matches(node.value, m.Attribute(attr=m.Name("shape"))) and all(
+        shape = isinstance(node.value, cst.Attribute) and is_name(
+            node.value.attr, "shape"
+        )
+        return shape and all(
             isinstance(e.slice, cst.Index) and int_expression(e.slice.value, ints)
             for e in node.slice
         )

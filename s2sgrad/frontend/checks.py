@@ -13,9 +13,17 @@ also reported as missing from the final return.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
-from s2sgrad.cst import findall, nodes, walk
+from s2sgrad.cst import (
+    assigned_name,
+    calls_name,
+    findall,
+    is_name,
+    nodes,
+    sole,
+    sole_target,
+    walk,
+)
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.locate import Locator
 
@@ -35,13 +43,7 @@ _BLOCKS: dict[type[cst.CSTNode], str] = {
 def final_return(forward: cst.FunctionDef) -> cst.Return | None:
     """Return the function's last statement if it is a `return`."""
     body = forward.body.body
-    if body and m.matches(body[-1], m.SimpleStatementLine(body=[m.Return()])):
-        stmt = body[-1]
-        assert isinstance(stmt, cst.SimpleStatementLine)
-        ret = stmt.body[0]
-        assert isinstance(ret, cst.Return)
-        return ret
-    return None
+    return sole(body[-1], cst.Return) if body else None
 
 
 def closing_return(forward: cst.FunctionDef) -> cst.Return | None:
@@ -50,10 +52,8 @@ def closing_return(forward: cst.FunctionDef) -> cst.Return | None:
     It is the final statement, or an earlier one followed by code that never runs.
     """
     for stmt in reversed(forward.body.body):
-        if m.matches(stmt, m.SimpleStatementLine(body=[m.Return()])):
-            assert isinstance(stmt, cst.SimpleStatementLine)
-            ret = stmt.body[0]
-            assert isinstance(ret, cst.Return)
+        ret = sole(stmt, cst.Return)
+        if ret is not None:
             return ret
     return None
 
@@ -147,18 +147,14 @@ def lambda_backward(forward: cst.FunctionDef) -> cst.Lambda | None:
         or pair[1].value in {d.name.value for d in nested_defs(forward)}
     ):
         return None
-    bound = m.SimpleStatementLine(
-        body=[
-            m.Assign(targets=[m.AssignTarget(m.Name(pair[1].value))], value=m.Lambda())
-        ]
-    )
     for stmt in forward.body.body:
-        if m.matches(stmt, bound):
-            assert isinstance(stmt, cst.SimpleStatementLine)
-            assign = stmt.body[0]
-            assert isinstance(assign, cst.Assign) and isinstance(
-                assign.value, cst.Lambda
-            )
+        # A line `<name> = lambda ...` alone.
+        assign = sole(stmt, cst.Assign)
+        if (
+            assign is not None
+            and is_name(assigned_name(assign), pair[1].value)
+            and isinstance(assign.value, cst.Lambda)
+        ):
             return assign.value
     return None
 
@@ -194,8 +190,7 @@ def check_nested_backward(forward: cst.FunctionDef, loc: Locator) -> list[Diagno
         # No final return of a pair: the returns of pairs may be inside the blocks
         # (`if sq: def backward...; return x * x, backward` and the same in `else`).
         names = set()
-        for ret in findall(forward.body, m.Return()):
-            assert isinstance(ret, cst.Return)
+        for ret in findall(forward.body, cst.Return):
             inner = _split_pair(ret)
             if inner is not None and isinstance(inner[1], cst.Name):
                 names.add(inner[1].value)
@@ -319,7 +314,7 @@ def _check_returned(
             ]
     values = _returned_values(closing)
     code = cst.Module([]).code_for_node
-    at = [i for i, v in enumerate(values) if m.matches(v, m.Name(backward))]
+    at = [i for i, v in enumerate(values) if is_name(v, backward)]
     if len(values) >= 2 and at and at[-1] == len(values) - 1:
         return None  # `return result, backward`, or flat: `return a, b, backward`
     if len(values) == 1 and at:
@@ -620,7 +615,7 @@ def _unordered(node: cst.BaseExpression) -> bool:
     """A dict or a set, displayed, comprehended or built by `dict(...)`/`set(...)`."""
     if isinstance(node, (cst.Dict, cst.DictComp, cst.Set, cst.SetComp)):
         return True
-    return m.matches(node, m.Call(func=m.Name("dict") | m.Name("set")))
+    return calls_name(node, "dict") or calls_name(node, "set")
 
 
 def _number_literal(node: cst.BaseExpression) -> bool:
@@ -630,14 +625,15 @@ def _number_literal(node: cst.BaseExpression) -> bool:
     return isinstance(node, (cst.Integer, cst.Float, cst.Imaginary))
 
 
+_NUMBER_TYPES = frozenset({"int", "float", "bool", "complex"})
+
+
 def _number_param(param: cst.Param) -> bool:
     """A parameter that is a Python number: annotated as one, or, unannotated, with a
     number for its default. Its gradient is never handed to autograd."""
     if param.annotation is not None:
-        return m.matches(
-            param.annotation.annotation,
-            m.Name("int") | m.Name("float") | m.Name("bool") | m.Name("complex"),
-        )
+        annotation = param.annotation.annotation
+        return is_name(annotation) and annotation.value in _NUMBER_TYPES
     return param.default is not None and _number_literal(param.default)
 
 
@@ -954,59 +950,77 @@ def check_sibling_closures(
         for n in nodes(forward)
     ):
         return []  # every use below is of a call of a sibling
-    sibling = m.Call(func=m.Name(m.MatchIfTrue(lambda n: n in siblings)))
-    closure = _second_of(sibling)
+
+    def sibling(node: object) -> bool:
+        """Whether `node` calls a sibling: `g(x)`."""
+        return (
+            isinstance(node, cst.Call)
+            and is_name(node.func)
+            and node.func.value in siblings
+        )
+
     bw = next((d for d in nested_defs(forward) if d.name.value == backward), None)
-    calls = findall(bw, m.Call(func=closure)) if bw else []
-    called_in_backward = {id(c.func) for c in calls if isinstance(c, cst.Call)}
+    calls = findall(bw, cst.Call, lambda c: sibling(_second_of(c.func))) if bw else []
+    called_in_backward = {id(c.func) for c in calls}
     found = []
-    for node in findall(forward, closure):
+    for node in findall(forward, cst.Subscript, lambda s: sibling(_second_of(s))):
         if id(node) in called_in_backward:
             continue
-        assert isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call)
+        assert isinstance(node.value, cst.Call)
         found.append(_sibling_closure_error(node, node.value, loc))
     kept: dict[str, cst.Call] = {}
     for assign in findall(
-        forward,
-        m.Assign(
-            targets=[m.AssignTarget(m.Tuple([m.DoNotCare(), m.DoNotCare()]))],
-            value=sibling,
-        ),
+        forward, cst.Assign, lambda a: _two_targets(a) and sibling(a.value)
     ):
-        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+        assert isinstance(assign.value, cst.Call)
         target = assign.targets[0].target
         assert isinstance(target, cst.Tuple)
         second = target.elements[1].value
         if isinstance(second, cst.Name) and second.value != "_":
             kept[second.value] = assign.value
     for name, call in kept.items():
-        uses = findall(forward, m.Call(func=m.Name(name)))
+        uses = [c for c in findall(forward, cst.Call) if calls_name(c, name)]
         if uses:
             found.append(_sibling_closure_error(uses[0], call, loc, name))
     # `pair = g(x)`, then `pair[1]`: the same closure through the pair.
     for assign in findall(
-        forward, m.Assign(targets=[m.AssignTarget(m.Name())], value=sibling)
+        forward,
+        cst.Assign,
+        lambda a: assigned_name(a) is not None and sibling(a.value),
     ):
-        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+        assert isinstance(assign.value, cst.Call)
         target = assign.targets[0].target
         assert isinstance(target, cst.Name)
-        through = findall(forward, _second_of(m.Name(target.value)))
+        through = [
+            s
+            for s in findall(forward, cst.Subscript)
+            if is_name(_second_of(s), target.value)
+        ]
         if through:
             found.append(_sibling_closure_error(through[0], assign.value, loc))
     return found
 
 
-def _second_of(value: m.BaseExpression) -> m.Subscript:
-    """Match `value[1]` or `value[-1]`: the closure of a `(result, backward)` pair."""
-    one = m.Integer("1")
-    return m.Subscript(
-        value=value,
-        slice=[
-            m.SubscriptElement(
-                m.Index(one | m.UnaryOperation(operator=m.Minus(), expression=one))
-            )
-        ],
-    )
+def _second_of(node: object) -> cst.BaseExpression | None:
+    """`pair` where `node` is `pair[1]` or `pair[-1]` (the closure of a `(result,
+    backward)` pair), else None."""
+    if not isinstance(node, cst.Subscript) or len(node.slice) != 1:
+        return None
+    index = node.slice[0].slice
+    if not isinstance(index, cst.Index):
+        return None
+    one = index.value
+    if isinstance(one, cst.UnaryOperation) and isinstance(one.operator, cst.Minus):
+        one = one.expression
+    if isinstance(one, cst.Integer) and one.value == "1":
+        return node.value
+    return None
+
+
+def _two_targets(assign: cst.Assign) -> bool:
+    """Whether an assignment unpacks into two targets: `y, g = ...`."""
+    target = sole_target(assign)
+    return isinstance(target, cst.Tuple) and len(target.elements) == 2
 
 
 def _sibling_closure_error(

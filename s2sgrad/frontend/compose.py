@@ -44,7 +44,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import (
     Assignment,
     CodeRange,
@@ -59,9 +58,12 @@ from s2sgrad.cst import (
     as_compound_or_line,
     as_statement,
     bound_anywhere,
+    calls_name,
     dotted,
     findall,
+    is_name,
     nodes,
+    sole_target,
 )
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend import checks
@@ -304,12 +306,21 @@ def _callees(
     return found
 
 
-#: `T, back = f(...)`: the statement that keeps a closure.
-_PAIR = [m.Element(), m.Element(value=m.Name())]
-_KEEPS = m.Assign(
-    targets=[m.AssignTarget(target=m.Tuple(elements=_PAIR) | m.List(elements=_PAIR))],
-    value=m.Call(func=m.Name()),
-)
+def _keeps(assign: cst.Assign) -> bool:
+    """Whether `assign` is `T, back = f(...)` (or `[T, back] = f(...)`): the
+    statement that keeps a closure."""
+    target = sole_target(assign)
+    if not isinstance(target, (cst.Tuple, cst.List)) or len(target.elements) != 2:
+        return False
+    first, second = target.elements
+    return (
+        isinstance(first, cst.Element)
+        and isinstance(second, cst.Element)
+        and is_name(second.value)
+        and calls_name(assign.value)
+    )
+
+
 _LOOPS = (cst.For, cst.While)
 
 
@@ -358,8 +369,8 @@ class _Caller:
         self.in_backward = _bound_anywhere(self.backward)
         self.underscore = self._reads("_")
         kept: dict[str, list[cst.Assign]] = {}
-        for found in findall(node.body, _KEEPS):
-            assert isinstance(found, cst.Assign) and isinstance(found.value, cst.Call)
+        for found in findall(node.body, cst.Assign, _keeps):
+            assert isinstance(found.value, cst.Call)
             callee = found.value.func
             assert isinstance(callee, cst.Name)
             if (
@@ -535,7 +546,7 @@ class _Caller:
 
     def _reads(self, name: str) -> bool:
         """Whether the function reads `name` anywhere (nested scopes included)."""
-        for node in findall(self.node, m.Name(name)):
+        for node in findall(self.node, cst.Name, lambda n: n.value == name):
             scope = self.scopes.get(node)
             if scope is not None and any(a.node is node for a in scope.accesses[name]):
                 return True
@@ -894,7 +905,7 @@ def draws_here(call: cst.Call, name: str) -> bool:
             if given is None and flag in plain:
                 at = plain.index(flag) - method
                 given = positional[at] if 0 <= at < len(positional) else None
-            if given is not None and m.matches(given, m.Name("False")):
+            if given is not None and is_name(given, "False"):
                 return False
     return True
 
@@ -910,8 +921,7 @@ def draws(
     differentiators they call (four calls deep); None if none."""
     seen = set() if seen is None else seen
     for statement in statements:
-        for call in findall(statement, m.Call()):
-            assert isinstance(call, cst.Call)
+        for call in findall(statement, cst.Call):
             func = call.func
             name = qualified.get(func) if dotted(func) else None
             if name is None and isinstance(func, cst.Attribute):

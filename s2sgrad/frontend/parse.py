@@ -20,7 +20,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, get_args
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import (
     CodePosition,
     CodeRange,
@@ -34,7 +33,9 @@ from s2sgrad.cst import (
     STATEMENT_CLASSES,
     DepthTransformer,
     as_statement,
+    calls_name,
     findall,
+    is_name,
     nodes,
     walk,
 )
@@ -345,9 +346,7 @@ def _tuple_elements(node: cst.BaseExpression) -> list[cst.Element] | None:
             repeated = _tuple_elements(items)
             if repeated is not None and isinstance(times, cst.Integer):
                 count = int(times.value, 0)
-                if 0 <= count <= 64 and all(
-                    m.matches(e.value, m.Name("None")) for e in repeated
-                ):
+                if 0 <= count <= 64 and all(is_name(e.value, "None") for e in repeated):
                     return repeated * count
     return None
 
@@ -369,10 +368,12 @@ def _calls_of_flat(
     reads a call's result as `(result, backward)`."""
     if not flat:
         return []
-    calls = findall(forward, m.Call(func=m.Name(m.MatchIfTrue(lambda n: n in flat))))
+    calls = findall(
+        forward, cst.Call, lambda c: is_name(c.func) and c.func.value in flat
+    )
     found = []
     for call in calls[:1]:
-        assert isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
+        assert isinstance(call.func, cst.Name)
         name = call.func.value
         found.append(
             loc.error(
@@ -531,8 +532,8 @@ def _helpers(
     todo = list(differentiators)
     while todo:
         node = todo.pop()
-        for call in findall(node, m.Call(func=m.Name())):
-            assert isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
+        for call in findall(node, cst.Call, calls_name):
+            assert isinstance(call.func, cst.Name)
             name = call.func.value
             if name in functions and name not in found:
                 found[name] = functions[name]
@@ -936,11 +937,11 @@ def _gradient_slots(returns: list[cst.Return], n: int) -> list[bool]:
     slots = [False] * n
     for ret in returns:
         value = ret.value
-        if value is None or m.matches(value, m.Name("None")):
+        if value is None or is_name(value, "None"):
             continue
         if isinstance(value, cst.Tuple) and len(value.elements) == n:
             for i, element in enumerate(value.elements):
-                if not m.matches(element.value, m.Name("None")):
+                if not is_name(element.value, "None"):
                     slots[i] = True
         else:
             slots = [True] * n
@@ -948,7 +949,7 @@ def _gradient_slots(returns: list[cst.Return], n: int) -> list[bool]:
 
 
 def _returns_bare_none(returns: list[cst.Return]) -> bool:
-    return any(r.value is None or m.matches(r.value, m.Name("None")) for r in returns)
+    return any(r.value is None or is_name(r.value, "None") for r in returns)
 
 
 def _pragmas(

@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import (
     Access,
     Assignment,
@@ -30,7 +29,16 @@ from libcst.metadata import (
 )
 
 from s2sgrad import opfacts
-from s2sgrad.cst import dotted, findall, nodes, says_inplace, walk
+from s2sgrad.cst import (
+    assigned_name,
+    dotted,
+    findall,
+    is_name,
+    nodes,
+    says_inplace,
+    sole,
+    walk,
+)
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.locate import Locator
 from s2sgrad.frontend.model import (
@@ -121,9 +129,9 @@ class ScopeAnalysis:
             for helper in helpers:
                 names = {p.name.value for p in _all_params(helper)}
                 renamed = _param_names(helper, names)
-                for loop in findall(helper.body, m.For(iter=m.Name())):
+                for loop in findall(helper.body, cst.For, lambda f: is_name(f.iter)):
                     # `for z in ts: z.mul_(2)` writes the tensors `ts` holds.
-                    assert isinstance(loop, cst.For) and isinstance(loop.iter, cst.Name)
+                    assert isinstance(loop.iter, cst.Name)
                     owner = renamed.get(loop.iter.value, loop.iter.value)
                     if owner in names and isinstance(loop.target, cst.Name):
                         renamed[loop.target.value] = owner
@@ -570,8 +578,7 @@ class ScopeAnalysis:
         incoming = {p.name.value for p in backward.params.params}
         incoming -= {
             t.value
-            for a in findall(backward.body, m.Assign())
-            if isinstance(a, cst.Assign)
+            for a in findall(backward.body, cst.Assign)
             for t in (x.target for x in a.targets)
             if isinstance(t, cst.Name)
         }
@@ -606,11 +613,9 @@ def _param_names(forward: cst.FunctionDef, params: set[str]) -> dict[str, str]:
     """The names forward binds to a parameter's object itself (`ys = xs`), each with
     that parameter."""
     bound = {
-        (a.targets[0].target.value, a.value.value)
-        for a in findall(forward.body, m.Assign(targets=[m.AssignTarget(m.Name())]))
-        if isinstance(a, cst.Assign)
-        and isinstance(a.targets[0].target, cst.Name)
-        and isinstance(a.value, cst.Name)
+        (target.value, a.value.value)
+        for a in findall(forward.body, cst.Assign)
+        if (target := assigned_name(a)) is not None and isinstance(a.value, cst.Name)
     }
     found = {name: name for name in params}
     for _ in range(len(bound)):
@@ -636,7 +641,7 @@ def _input_views(
     single: dict[str, cst.BaseExpression] = {}
     for node in findall(
         forward.body,
-        m.Assign() | m.AnnAssign() | m.For() | m.WithItem() | m.NamedExpr(),
+        (cst.Assign, cst.AnnAssign, cst.For, cst.WithItem, cst.NamedExpr),
     ):
         targets: list[cst.BaseExpression]
         if isinstance(node, cst.Assign):
@@ -759,13 +764,9 @@ def _signature_names(function: cst.FunctionDef) -> Iterator[cst.Name]:
     for param in _all_params(function):
         for part in (param.annotation, param.default):
             if part is not None:
-                for name in findall(part, m.Name()):
-                    assert isinstance(name, cst.Name)
-                    yield name
+                yield from findall(part, cst.Name)
     if function.returns is not None:
-        for name in findall(function.returns, m.Name()):
-            assert isinstance(name, cst.Name)
-            yield name
+        yield from findall(function.returns, cst.Name)
 
 
 def _string_annotation_names(
@@ -781,8 +782,7 @@ def _string_annotation_names(
             parsed = cst.parse_expression(text if isinstance(text, str) else "")
         except cst.ParserSyntaxError:
             continue
-        for name in findall(parsed, m.Name()):
-            assert isinstance(name, cst.Name)
+        for name in findall(parsed, cst.Name):
             yield string, name.value
 
 
@@ -815,12 +815,12 @@ def _through_backward_aliases(
             if isinstance(a, cst.Assign)
             else ([a.target], a.iter)
         )
-        for a in findall(backward.body, m.Assign() | m.For())
+        for a in findall(backward.body, (cst.Assign, cst.For))
         if isinstance(a, (cst.Assign, cst.For))
     ]
-    for call in findall(backward.body, m.Call(func=m.Attribute(value=m.Name()))):
+    for call in findall(backward.body, cst.Call, _calls_method_of_name):
         # `hs.update(a=u)`, `hs.append(u)`: `hs` now holds u.
-        assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+        assert isinstance(call.func, cst.Attribute)
         if call.func.attr.value in CONTAINER_ADDS:
             held = cst.Tuple([cst.Element(a.value) for a in call.args])
             assigns.append(([call.func.value], held))
@@ -859,6 +859,11 @@ def _through_backward_aliases(
     ]
 
 
+def _calls_method_of_name(call: cst.Call) -> bool:
+    """Whether a call is of an attribute of a bare name (`hs.append(u)`)."""
+    return isinstance(call.func, cst.Attribute) and is_name(call.func.value)
+
+
 def _stand_ins(
     module: cst.Module, helpers: Sequence[cst.FunctionDef]
 ) -> list[cst.FunctionDef]:
@@ -872,16 +877,11 @@ def _stand_ins(
     )
     found: list[cst.FunctionDef] = []
     for statement in module.body:
-        if not m.matches(
-            statement,
-            m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())])]),
-        ):
+        # A line `name = ...` alone.
+        assign = sole(statement, cst.Assign)
+        target = assigned_name(assign)
+        if assign is None or target is None:
             continue
-        assert isinstance(statement, cst.SimpleStatementLine)
-        assign = statement.body[0]
-        assert isinstance(assign, cst.Assign)
-        target = assign.targets[0].target
-        assert isinstance(target, cst.Name)
         value = assign.value
         if isinstance(value, cst.Lambda):
             body: cst.BaseExpression = value.body
@@ -913,7 +913,7 @@ def _augmented_parameters(
     (`k += 1` makes a new int)."""
     rebound = {
         element.value
-        for a in findall(helper.body, m.Assign() | m.AnnAssign() | m.For())
+        for a in findall(helper.body, (cst.Assign, cst.AnnAssign, cst.For))
         if isinstance(a, (cst.Assign, cst.AnnAssign, cst.For))
         for target in (
             [t.target for t in a.targets] if isinstance(a, cst.Assign) else [a.target]
@@ -1070,7 +1070,7 @@ def _runs(iterable: cst.BaseExpression) -> bool:
     `range(a, b)` of literals that make it non-empty."""
     if not (
         isinstance(iterable, cst.Call)
-        and m.matches(iterable.func, m.Name("range"))
+        and is_name(iterable.func, "range")
         and 1 <= len(iterable.args) <= 2
         and all(
             isinstance(a.value, cst.Integer) and a.keyword is None
@@ -1292,7 +1292,7 @@ class _MutationFinder(cst.CSTVisitor):
                 self._hit(arg, arg.value, "out")
             elif (
                 arg.keyword.value == "inplace"
-                and m.matches(arg.value, m.Name("True"))
+                and is_name(arg.value, "True")
                 and positional
             ):
                 self._hit(arg, positional[0].value, "inplace", _code(func))
@@ -1313,7 +1313,7 @@ class _MutationFinder(cst.CSTVisitor):
         for signature in opfacts.signatures(name) if name else ():
             plain = [p.name for p in signature.params if not p.keyword_only]
             at = plain.index("inplace") if "inplace" in plain else len(positional)
-            if at < len(positional) and m.matches(positional[at].value, m.Name("True")):
+            if at < len(positional) and is_name(positional[at].value, "True"):
                 return positional[at]
         return None
 
@@ -1396,7 +1396,7 @@ def _viewed(
     func = call.func
     if isinstance(func, cst.Call):
         return [func]  # `getattr(t, "view")(-1)`: what the callee is bound to
-    if m.matches(func, m.Name("getattr")) and call.args:
+    if is_name(func, "getattr") and call.args:
         return [call.args[0].value]
     if not isinstance(func, cst.Attribute):
         return []
