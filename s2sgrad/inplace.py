@@ -26,7 +26,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad import opfacts
 from s2sgrad.cst import (
@@ -35,8 +34,10 @@ from s2sgrad.cst import (
     bound_target,
     dotted,
     findall,
+    is_name,
     nodes,
     says_inplace,
+    sole_target,
 )
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
@@ -160,8 +161,7 @@ def _gradless(diff: Differentiator) -> set[int]:
     `torch.inference_mode()` and `torch.set_grad_enabled(False)`)."""
     found: set[int] = set()
     for statement in diff.statements:
-        for block in findall(statement, m.With()):
-            assert isinstance(block, cst.With)
+        for block in findall(statement, cst.With):
             if any(grad_off(item.item, diff) for item in block.items):
                 found |= {id(n) for n in nodes(block.body)}
     return found
@@ -178,8 +178,7 @@ def _call_of(diff: Differentiator, write: InPlace) -> cst.Call | None:
         return write.node
     if isinstance(write.node, cst.Arg):
         for statement in diff.statements:
-            for call in findall(statement, m.Call()):
-                assert isinstance(call, cst.Call)
+            for call in findall(statement, cst.Call):
                 if any(a is write.node for a in call.args):
                     return call
     return None
@@ -194,7 +193,7 @@ def _why_not_store(
     target = write.node
     if not (
         isinstance(target, cst.Subscript)
-        and m.matches(target.value, m.Name(write.name))
+        and is_name(target.value, write.name)
         and _index(target) is not None
     ):
         return "an attribute store, a store through a part or view, or a starred index"
@@ -209,8 +208,7 @@ def _smalls(diff: Differentiator) -> list[cst.BaseSmallStatement]:
     """Forward's small statements, at every depth (not in nested functions)."""
     found: list[cst.BaseSmallStatement] = []
     for statement in diff.statements:
-        for line in findall(statement, m.SimpleStatementLine()):
-            assert isinstance(line, cst.SimpleStatementLine)
+        for line in findall(statement, cst.SimpleStatementLine):
             found += line.body
     return found
 
@@ -270,9 +268,7 @@ def _why_not(
     )
     if _basic_part(receiver, write.name, ints) and _alone(diff, call):
         pass  # `t[0].mul_(2)`: t = _setitem(t, 0, t[0].mul(2))
-    elif isinstance(receiver, cst.Subscript) and m.matches(
-        receiver.value, m.Name(write.name)
-    ):
+    elif isinstance(receiver, cst.Subscript) and is_name(receiver.value, write.name):
         part = cst.Module([]).code_for_node(receiver)
         if _alone(diff, call):
             return (
@@ -280,7 +276,7 @@ def _why_not(
                 f"op would change the copy and leave `{write.name}` as it was"
             )
         return f"it writes into `{part}`, a part of it, and its value is used"
-    elif not m.matches(receiver, m.Name(write.name)):
+    elif not is_name(receiver, write.name):
         part = cst.Module([]).code_for_node(receiver)
         return f"it writes into `{part}`, a part or view of it"
     if may_alias_at(diff, write.name, call, aliases):
@@ -296,7 +292,7 @@ def _basic_part(receiver: cst.BaseExpression, name: str, ints: frozenset[str]) -
     write would change nothing)."""
     return (
         isinstance(receiver, cst.Subscript)
-        and m.matches(receiver.value, m.Name(name))
+        and is_name(receiver.value, name)
         and _index(receiver) is not None
         and _int_index(receiver, ints)
     )
@@ -366,7 +362,7 @@ class _Sharing:
             reason = self._reasons.get(small.target.value)
             if reason is not None:
                 self.at[id(small)] = reason
-        for node in findall(small, m.Call() | m.Arg() | m.Subscript()):
+        for node in findall(small, (cst.Call, cst.Arg, cst.Subscript)):
             name = self._writes.get(id(node))
             if name is not None and name in self._reasons:
                 self.at[id(node)] = self._reasons[name]
@@ -494,12 +490,13 @@ def _augmented(
     binding."""
     found = []
     for statement in diff.statements:
-        for line in findall(statement, m.SimpleStatementLine()):
-            for node in line.body if isinstance(line, cst.SimpleStatementLine) else ():
-                if not m.matches(node, m.AugAssign(target=m.Name())):
+        for line in findall(statement, cst.SimpleStatementLine):
+            for node in line.body:
+                if not (
+                    isinstance(node, cst.AugAssign)
+                    and isinstance(node.target, cst.Name)
+                ):
                     continue
-                assert isinstance(node, cst.AugAssign)
-                assert isinstance(node.target, cst.Name)
                 value = values.get(node.target.value)
                 if value is None or TENSOR in value.kinds:
                     found.append((diff.statement_lines.get(line, 0), node))
@@ -509,9 +506,7 @@ def _augmented(
 def _names_viewed(diff: Differentiator, value: cst.BaseExpression) -> list[str]:
     """The names whose tensors `value` may be or share memory with."""
     return [
-        n.value
-        for n in findall(value, m.Name())
-        if isinstance(n, cst.Name) and _may_view(diff, value, n.value)
+        n.value for n in findall(value, cst.Name) if _may_view(diff, value, n.value)
     ]
 
 
@@ -550,8 +545,7 @@ def _copied(call: cst.Call) -> cst.BaseExpression | None:
 def _whole_statement(diff: Differentiator, node: cst.CSTNode) -> bool:
     """Whether the write is a statement of its own, or the value of `u = ...`."""
     for statement in diff.statements:
-        for line in findall(statement, m.SimpleStatementLine()):
-            assert isinstance(line, cst.SimpleStatementLine)
+        for line in findall(statement, cst.SimpleStatementLine):
             for small in line.body:
                 if isinstance(small, cst.Expr) and small.value is node:
                     return True
@@ -753,12 +747,10 @@ def _surely_tensor(
     evaluator = Evaluator(diff.qualified_names, dict(values))
     for statement in statements:
         for node in findall(
-            statement, m.Assign() | m.AnnAssign() | m.For() | m.NamedExpr() | m.With()
+            statement, (cst.Assign, cst.AnnAssign, cst.For, cst.NamedExpr, cst.With)
         ):
             if isinstance(node, cst.Assign) and name in bound(node):
-                if len(node.targets) != 1 or not m.matches(
-                    node.targets[0].target, m.Name(name)
-                ):
+                if not is_name(sole_target(node), name):  # not `name = ...` alone
                     return False
                 found = evaluator.expr(node.value).kinds
                 if not found or not found <= kinds:
@@ -818,7 +810,7 @@ def _first_binding(diff: Differentiator, name: str, node: cst.AugAssign) -> bool
     """Whether `name op= ...` at `node` may still see the parameter `name` holds:
     no statement of forward's top level before it binds `name` again."""
     for statement in diff.statements:
-        if node in set(findall(statement, m.AugAssign())):
+        if node in set(findall(statement, cst.AugAssign)):
             return True
         if isinstance(statement, cst.SimpleStatementLine) and name in bound(statement):
             return False
@@ -1166,7 +1158,11 @@ class _BackwardWrite:
             call = _function_twin(small.value, self.function, qualified)
             return [_assign(target, self._kept(call, [call], values, skip=1))]
         links = _links(small.value)
-        if any(findall(a, m.Name(self.name)) for link in links[1:] for a in link.args):
+        if any(
+            findall(a, cst.Name, lambda n: n.value == self.name)
+            for link in links[1:]
+            for a in link.args
+        ):
             # A later call reads what the earlier ones made: one binding each.
             return [
                 _assign(target, self._kept(_method_twin(link, target), [link], values))
@@ -1637,7 +1633,7 @@ def _makes_new(qualified: str, call: cst.Call) -> bool:
         or (
             a.keyword is not None
             and a.keyword.value == "inplace"
-            and not m.matches(a.value, m.Name("False"))
+            and not is_name(a.value, "False")
         )
         for i, a in enumerate(call.args)
     ):
@@ -1753,7 +1749,7 @@ def _int_index(part: cst.Subscript, ints: frozenset[str]) -> bool:
             and (
                 int_expression(index.value, ints)
                 or isinstance(index.value, cst.Ellipsis)
-                or m.matches(index.value, m.Name("None"))
+                or is_name(index.value, "None")
             )
         ):
             return False
@@ -1802,7 +1798,7 @@ def _gradient_views(
 
     for statement in statements:
         for node in findall(
-            statement, m.Assign() | m.AnnAssign() | m.For() | m.NamedExpr()
+            statement, (cst.Assign, cst.AnnAssign, cst.For, cst.NamedExpr)
         ):
             if isinstance(node, cst.Assign):
                 for target in node.targets:

@@ -18,10 +18,21 @@ from dataclasses import dataclass
 from typing import Literal
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad import opfacts
-from s2sgrad.cst import bound, bound_target, code, dotted, findall, nodes, spelled, walk
+from s2sgrad.cst import (
+    assigned_name,
+    bound,
+    bound_target,
+    code,
+    dotted,
+    findall,
+    is_name,
+    nodes,
+    sole,
+    spelled,
+    walk,
+)
 from s2sgrad.diagnostics import Diagnostic
 from s2sgrad.frontend.model import Capture, Differentiator, Use
 from s2sgrad.lines import line_text
@@ -419,7 +430,7 @@ def check_untracked_bindings(
     """
     found = []
     for statement in diff.statements:
-        nodes = findall(statement, m.NamedExpr() | m.Match())
+        nodes = findall(statement, (cst.NamedExpr, cst.Match))
         for node in nodes[:1]:
             line, text = _source_line(diff, statement, lines)
             if isinstance(node, cst.NamedExpr):
@@ -463,17 +474,8 @@ def check_closed_over(
                 continue
             name, own = statement.name.value, statement.params
             inner: cst.CSTNode = statement.body
-        elif m.matches(
-            statement,
-            m.SimpleStatementLine(
-                body=[m.Assign(targets=[m.AssignTarget(m.Name())], value=m.Lambda())]
-            ),
-        ):
-            assert isinstance(statement, cst.SimpleStatementLine)
-            assign = statement.body[0]
-            assert isinstance(assign, cst.Assign)
-            target, function = assign.targets[0].target, assign.value
-            assert isinstance(target, cst.Name) and isinstance(function, cst.Lambda)
+        elif (named := _named_lambda(statement)) is not None:
+            target, function = named
             name, inner, own = target.value, function.body, function.params
         else:
             continue
@@ -524,8 +526,7 @@ def check_detached(
     #: Names bound to a whole result with detached outputs: (op, those outputs).
     results: dict[str, tuple[str, tuple[int, ...]]] = {}
     for statement in diff.statements:
-        for line_node in findall(statement, m.SimpleStatementLine()):
-            assert isinstance(line_node, cst.SimpleStatementLine)
+        for line_node in findall(statement, cst.SimpleStatementLine):
             for small in line_node.body:
                 hit = _detached_capture(small, diff, captured, results)
                 if hit is None or _only_to_backward_ops(diff.backward, hit[0]):
@@ -551,15 +552,25 @@ def check_detached(
     return found
 
 
+def _named_lambda(statement: cst.BaseStatement) -> tuple[cst.Name, cst.Lambda] | None:
+    """The name and the lambda of a line that binds one name to a lambda alone
+    (`f = lambda t: t * w`), else None."""
+    assign = sole(statement, cst.Assign)
+    target = assigned_name(assign)
+    if assign is None or target is None or not isinstance(assign.value, cst.Lambda):
+        return None
+    return target, assign.value
+
+
 def _only_to_backward_ops(backward: cst.FunctionDef, name: str) -> bool:
     """Whether backward passes `name` only to torch's own backward operators
     (`torch.ops.aten.native_layer_norm_backward(g, x, shape, mean, rstd, ...)`), whose
     derivatives account for it."""
-    uses = [n for n in findall(backward.body, m.Name(name))]
+    uses = findall(backward.body, cst.Name, lambda n: n.value == name)
     passed = {
         id(a.value)
-        for call in findall(backward.body, m.Call())
-        if isinstance(call, cst.Call) and code(call.func).endswith("_backward")
+        for call in findall(backward.body, cst.Call)
+        if code(call.func).endswith("_backward")
         for a in call.args
     }
     return bool(uses) and all(id(n) in passed for n in uses)
@@ -631,16 +642,14 @@ def check_autograd_state(
     for statement in diff.statements:
         managers = {
             id(item.item)
-            for block in findall(statement, m.With())
-            if isinstance(block, cst.With)
+            for block in findall(statement, cst.With)
             for item in block.items
         }
         setter = next(
             (
                 node
-                for node in findall(statement, m.Call())
-                if isinstance(node, cst.Call)
-                and id(node) not in managers
+                for node in findall(statement, cst.Call)
+                if id(node) not in managers
                 and dotted(node.func)
                 and diff.qualified_names.get(node.func) in opfacts.GRAD_MODE_SETTERS
             ),
@@ -649,7 +658,7 @@ def check_autograd_state(
         reader = next(
             (
                 node
-                for node in findall(statement, m.Call() | m.Attribute())
+                for node in findall(statement, (cst.Call, cst.Attribute))
                 if _reads_autograd_state(node, params, diff.qualified_names)
             ),
             None,
@@ -801,16 +810,25 @@ def result_names(
     """
     body = diff.backward.body if body is None else body
     statements = list(body.body) if isinstance(body, cst.IndentedBlock) else []
-    returns = findall(body, m.Return())
+    returns = findall(body, cst.Return)
     chosen: list[str | None] = [None] * len(diff.params)
-    final = m.SimpleStatementLine(body=[m.Return()])
-    if len(returns) == 1 and statements and m.matches(statements[-1], final):
-        value = returns[0].value  # type: ignore[attr-defined]
-        items = value.elements if isinstance(value, cst.Tuple) else [cst.Element(value)]
+    # The only `return` ends the body, on a line of its own.
+    if (
+        len(returns) == 1
+        and statements
+        and sole(statements[-1], cst.Return) is not None
+    ):
+        value = returns[0].value
+        # A bare `return` counts as one item, which names nothing.
+        items = (
+            [e.value for e in value.elements]
+            if isinstance(value, cst.Tuple)
+            else [value]
+        )
         assigned = bound(body)
         if len(items) == len(chosen):
             for i, item in enumerate(items):
-                name = item.value.value if isinstance(item.value, cst.Name) else None
+                name = item.value if isinstance(item, cst.Name) else None
                 if (
                     name in assigned
                     and name not in chosen
@@ -890,7 +908,7 @@ def grad_off(item: cst.BaseExpression, diff: Differentiator) -> bool:
     return (
         name == "torch.set_grad_enabled"
         and len(item.args) == 1
-        and m.matches(item.args[0].value, m.Name("False"))
+        and is_name(item.args[0].value, "False")
     )
 
 
@@ -943,10 +961,7 @@ def _names_bound_to(
     """The names some binding in forward gives a value that passes `test`."""
     found: set[str] = set()
     for statement in diff.statements:
-        for node in findall(
-            statement,
-            m.Assign() | m.AnnAssign() | m.NamedExpr() | m.For() | m.WithItem(),
-        ):
+        for node in findall(statement, _BINDINGS):
             for target, value in _assignments(node):
                 for name, expression in _bindings(target, value):
                     if name not in found and test(expression, diff.qualified_names):
@@ -973,10 +988,7 @@ def may_alias_at(
     for statement in reversed(diff.statements[:top]):
         found = [
             expression
-            for binding in findall(
-                statement,
-                m.Assign() | m.AnnAssign() | m.NamedExpr() | m.For() | m.WithItem(),
-            )
+            for binding in findall(statement, _BINDINGS)
             for target, value in _assignments(binding)
             for bound, expression in _bindings(target, value)
             if bound == name
@@ -1005,6 +1017,16 @@ class _Finder(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.found = self.found or node is self.node
         return not self.found
+
+
+#: The nodes that bind names (with `_assignments`).
+_BINDINGS: tuple[type[cst.CSTNode], ...] = (
+    cst.Assign,
+    cst.AnnAssign,
+    cst.NamedExpr,
+    cst.For,
+    cst.WithItem,
+)
 
 
 def _assignments(

@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad import opfacts
 from s2sgrad.autodiff.forward import ForwardLines, with_lines
@@ -764,11 +763,10 @@ class Planner:
         parts = [
             (part, part.test if isinstance(part, cst.If) else part)
             for statement in statements
-            for part in findall(statement, m.SimpleStatementLine() | m.If())
+            for part in findall(statement, (cst.SimpleStatementLine, cst.If))
         ]
         for statement, searched in parts:
-            for call in findall(searched, m.Call()):
-                assert isinstance(call, cst.Call)
+            for call in findall(searched, cst.Call):
                 name = self._random_call(call, self.diff.qualified_names)
                 if name is None:
                     continue
@@ -819,8 +817,7 @@ class Planner:
         )
         if helper is None or depth >= 4:
             return None
-        for inner in findall(helper.node.body, m.Call()):
-            assert isinstance(inner, cst.Call)
+        for inner in findall(helper.node.body, cst.Call):
             found = self._random_call(inner, helper.qualified_names, depth + 1)
             if found is not None:
                 return found
@@ -916,9 +913,9 @@ def sibling_of(
 ) -> Sibling:
     """Describe a differentiator as the rule for calls to it from its siblings."""
     names = Names.of(diff.name)
-    returns = findall(diff.backward.body, m.Return())
+    returns = findall(diff.backward.body, cst.Return)
     bare = len(diff.params) == 1 and not any(
-        isinstance(r, cst.Return) and isinstance(r.value, cst.Tuple) for r in returns
+        isinstance(r.value, cst.Tuple) for r in returns
     )
     params = tuple(p.name for p in diff.params)
     return Sibling(diff.name, params, names.forward, names.backward, bare, result, draw)

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad.cst import bound, bound_target, statements
 from s2sgrad.frontend.model import Differentiator
@@ -321,8 +320,12 @@ class _Builder:
         ):
             return None
         first, second = (e.value for e in target.elements)
-        call = m.matches(value, m.Call(func=m.Name()))
-        if call and isinstance(first, cst.Name) and value.func.value in self.siblings:  # type: ignore[attr-defined]
+        func = value.func if isinstance(value, cst.Call) else None
+        if (
+            isinstance(func, cst.Name)
+            and isinstance(first, cst.Name)
+            and func.value in self.siblings
+        ):
             return first, second
         return None
 

@@ -15,14 +15,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad import opfacts
 from s2sgrad.autodiff.inline import inline, parenthesize, rule_reads, settled
 from s2sgrad.autodiff.program import Assign, Branch, Opaque, Program, Step, Version
 from s2sgrad.autodiff.registry import Registry, Rule
 from s2sgrad.autodiff.shapes import ShapeFacts, class_of
-from s2sgrad.cst import NameRewriter, as_expression, dotted, nodes, spelled
+from s2sgrad.cst import NameRewriter, as_expression, calls_name, dotted, nodes, spelled
 from s2sgrad.frontend.model import (
     METADATA_ATTRIBUTES,
     METADATA_METHODS,
@@ -426,16 +425,20 @@ class Generator:
         out = class_of(node, env, self.facts, qualified)
         if out is None or class_of(arg, env, self.facts, qualified) != out:
             return entry
-        pattern = m.Call(
-            func=m.Attribute(attr=m.Name("sum_to_size")),
-            args=[m.Arg(value=m.Attribute(attr=m.Name("shape")))],
-        )
-        if not m.matches(entry, pattern):
+        # `<e>.sum_to_size(<s>.shape)`, one argument (of any kind).
+        if not (
+            isinstance(entry, cst.Call)
+            and isinstance(entry.func, cst.Attribute)
+            and entry.func.attr.value == "sum_to_size"
+            and len(entry.args) == 1
+        ):
             return entry
-        assert isinstance(entry, cst.Call) and isinstance(entry.func, cst.Attribute)
         shape = entry.args[0].value
-        assert isinstance(shape, cst.Attribute)
-        if not shape.value.deep_equals(converted):
+        if not (
+            isinstance(shape, cst.Attribute)
+            and shape.attr.value == "shape"
+            and shape.value.deep_equals(converted)
+        ):
             return entry
         inner = entry.func.value
         return inner.with_changes(lpar=[], rpar=[]) if inner.lpar else inner
@@ -529,13 +532,19 @@ class Generator:
 
     def _sibling(self, node: cst.BaseExpression) -> Sibling | None:
         """Match `g(...)[0]`, the result of another differentiator of the module."""
-        pattern = m.Subscript(
-            value=m.Call(func=m.Name()),
-            slice=[m.SubscriptElement(m.Index(m.Integer("0")))],
-        )
-        if not m.matches(node, pattern):
+        if not (
+            isinstance(node, cst.Subscript)
+            and calls_name(node.value)
+            and len(node.slice) == 1
+        ):
             return None
-        assert isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call)
+        index = node.slice[0].slice
+        if not (
+            isinstance(index, cst.Index)
+            and isinstance(index.value, cst.Integer)
+            and index.value.value == "0"  # as written: not `00` or `0x0`
+        ):
+            return None
         func = node.value.func
         assert isinstance(func, cst.Name)
         return self.siblings.get(func.value)
