@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad.autodiff.inline import names_read
 from s2sgrad.autodiff.record import Differentiated
@@ -23,7 +22,15 @@ from s2sgrad.codegen.fmt import cut, definition_starts, format_pieces, pieces
 from s2sgrad.codegen.guard import check_generated
 from s2sgrad.codegen.imports import import_block, importable, name_key
 from s2sgrad.codegen.standalone import runtime
-from s2sgrad.cst import as_compound_or_line, bound, module, nodes
+from s2sgrad.cst import (
+    as_compound_or_line,
+    bound,
+    calls_name,
+    findall,
+    is_name,
+    module,
+    nodes,
+)
 from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, ParsedModule
 from s2sgrad.header import FORMAT_VERSION, Origin, header
@@ -244,8 +251,8 @@ def _literal(value: cst.BaseExpression) -> bool:
     """Whether a module constant is a literal number, string, bool or None."""
     if isinstance(value, cst.UnaryOperation):
         value = value.expression
-    return isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)) or m.matches(
-        value, m.Name("True") | m.Name("False") | m.Name("None")
+    return isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)) or (
+        isinstance(value, cst.Name) and value.value in ("True", "False", "None")
     )
 
 
@@ -343,16 +350,22 @@ def _imports(
 
 def _postponed(parsed: ParsedModule) -> bool:
     """Tell whether the source says `from __future__ import annotations`."""
-    future = m.ImportFrom(
-        module=m.Name("__future__"),
-        names=[m.ZeroOrMore(), m.ImportAlias(m.Name("annotations")), m.ZeroOrMore()],
-    )
     return any(
-        m.matches(
-            statement,
-            m.SimpleStatementLine(body=[m.ZeroOrMore(), future, m.ZeroOrMore()]),
-        )
+        _imports_annotations(small)
         for statement in parsed.module.body
+        if isinstance(statement, cst.SimpleStatementLine)
+        for small in statement.body
+    )
+
+
+def _imports_annotations(node: cst.BaseSmallStatement) -> bool:
+    """Whether `node` is `from __future__ import annotations` (among other names;
+    the dots of a relative import are not looked at)."""
+    return (
+        isinstance(node, cst.ImportFrom)
+        and is_name(node.module, "__future__")
+        and not isinstance(node.names, cst.ImportStar)
+        and any(is_name(alias.name, "annotations") for alias in node.names)
     )
 
 
@@ -364,8 +377,8 @@ def _rules_read_math(item: Differentiated) -> bool:
 
 def _only_called(diff: Differentiator, name: str) -> bool:
     """Tell whether every use of `name` in `diff` is a call `name(...)`."""
-    calls = m.findall(diff.forward, m.Call(func=m.Name(name)))
-    uses = m.findall(diff.forward, m.Name(name))
+    calls = findall(diff.forward, cst.Call, lambda c: calls_name(c, name))
+    uses = findall(diff.forward, cst.Name, lambda n: n.value == name)
     return len(calls) == len(uses)
 
 

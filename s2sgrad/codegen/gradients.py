@@ -13,12 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import types
 from s2sgrad.codegen.slicing import slice_closure
-from s2sgrad.cst import module, spelled, statements
+from s2sgrad.cst import findall, is_name, module, spelled, statements
 from s2sgrad.frontend.checks import own_returns
 from s2sgrad.names import NameAllocator
 from s2sgrad.values import NONE, param_value
@@ -139,7 +138,7 @@ def _closure_part(
     record: Differentiated, results: list[str], user: list[cst.BaseStatement]
 ) -> tuple[list[cst.BaseStatement], bool]:
     """Turn the closure's final return into assignments to the gradient variables."""
-    returns = m.findall(module(user), m.Return())
+    returns = findall(module(user), cst.Return)
     final = user[-1] if user else None
     if (
         len(returns) == 1
@@ -162,13 +161,13 @@ def _assign(results: list[str], value: cst.BaseExpression | None) -> cst.Assign 
     Entries that already are the result variable, or `None` (the variables start at
     None, and a parameter that never gets one has the literal None), need none.
     """
-    if value is None or m.matches(value, m.Name("None")):
+    if value is None or is_name(value, "None"):
         return None
     if isinstance(value, cst.Tuple) and len(value.elements) == len(results):
         pairs = [
             (r, e.value)
             for r, e in zip(results, value.elements, strict=True)
-            if r != "None" and not m.matches(e.value, m.Name(r) | m.Name("None"))
+            if r != "None" and not (is_name(e.value, r) or is_name(e.value, "None"))
         ]
         if not pairs:
             return None
@@ -180,7 +179,7 @@ def _assign(results: list[str], value: cst.BaseExpression | None) -> cst.Assign 
         values = cst.Tuple([cst.Element(v) for _, v in pairs], lpar=[], rpar=[])
         return cst.Assign([cst.AssignTarget(target)], values)
     if len(results) == 1:
-        if m.matches(value, m.Name(results[0])):
+        if is_name(value, results[0]):
             return None
         return cst.Assign([cst.AssignTarget(cst.Name(results[0]))], value)
     named = [cst.Name(r) if r != "None" else cst.Name("_") for r in results]

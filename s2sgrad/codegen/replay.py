@@ -17,18 +17,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad.autodiff.inline import bound_names
 from s2sgrad.autodiff.record import Differentiated
-from s2sgrad.cst import statements
+from s2sgrad.cst import assigned_name, findall, is_name, sole, statements
 from s2sgrad.frontend.model import METADATA_ATTRIBUTES, METADATA_METHODS
 from s2sgrad.lift import Saved
 from s2sgrad.values import SEQ, TENSOR, param_value
 
-_PLAIN = m.SimpleStatementLine(
-    body=[m.Assign(targets=[m.AssignTarget(m.Name())]) | m.AnnAssign(target=m.Name())]
-)
+#: Attributes and methods of a tensor that give its metadata (`x.shape`, `x.dim()`).
+_METADATA = frozenset({*METADATA_ATTRIBUTES, *METADATA_METHODS})
+
+
+def _plain(statement: cst.BaseStatement) -> bool:
+    """Whether `statement` is a line that only binds one name: `x = ...`, `x: T = ...`."""
+    assign = sole(statement, cst.Assign)
+    if assign is not None:
+        return assigned_name(assign) is not None
+    annotated = sole(statement, cst.AnnAssign)
+    return annotated is not None and is_name(annotated.target)
 
 
 @dataclass(frozen=True)
@@ -103,8 +110,7 @@ def _slice(
         bound = bound_names([statement])
         if not bound & needed:
             if _reads(statement) & needed and (
-                not m.matches(statement, _PLAIN)
-                or _calls_a_method_of(statement, needed)
+                not _plain(statement) or _calls_a_method_of(statement, needed)
             ):
                 return None  # it may change a value the slice reads (`xs.append`)
             continue
@@ -114,7 +120,7 @@ def _slice(
                 return None
             kept.append(sliced)
             needed |= _reads(sliced)
-        elif m.matches(statement, _PLAIN):
+        elif _plain(statement):
             kept.append(statement)
             needed -= bound
             needed |= _reads(statement)
@@ -142,16 +148,15 @@ def _slice_if(statement: cst.If, needed: set[str]) -> cst.If | None:
 def _calls_a_method_of(statement: cst.BaseStatement, names: set[str]) -> bool:
     """Whether `statement` calls a method of one of `names` (which may change it)."""
     return any(
-        isinstance(call, cst.Call)
-        and isinstance(call.func, cst.Attribute)
+        isinstance(call.func, cst.Attribute)
         and isinstance(call.func.value, cst.Name)
         and call.func.value.value in names
-        for call in m.findall(statement, m.Call())
+        for call in findall(statement, cst.Call)
     )
 
 
 def _reads(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+    return {n.value for n in findall(node, cst.Name)}
 
 
 def _free_reads(statements: Sequence[cst.BaseStatement]) -> set[str]:
@@ -180,22 +185,15 @@ def _free_reads(statements: Sequence[cst.BaseStatement]) -> set[str]:
 def _metadata_only(statements: Sequence[cst.BaseStatement], name: str) -> bool:
     """Whether every read of tensor `name` takes its metadata (`x.shape`, `x.dim()`)."""
     uses = [
-        n
-        for s in statements
-        for n in m.findall(s, m.Name(name))
-        if isinstance(n, cst.Name)
+        n for s in statements for n in findall(s, cst.Name, lambda n: n.value == name)
     ]
     metadata = [
         a
         for s in statements
-        for a in m.findall(
+        for a in findall(
             s,
-            m.Attribute(
-                value=m.Name(name),
-                attr=m.OneOf(
-                    *(m.Name(k) for k in (*METADATA_ATTRIBUTES, *METADATA_METHODS))
-                ),
-            ),
+            cst.Attribute,
+            lambda a: is_name(a.value, name) and a.attr.value in _METADATA,
         )
     ]
     return len(uses) == len(metadata)
@@ -207,12 +205,11 @@ def _calls_builtins_only(
     """Whether every call is a builtin's, `math`'s or a metadata method of a parameter
     (nothing that could draw random numbers, allocate or take a while)."""
     for statement in statements:
-        for call in m.findall(statement, m.Call()):
-            assert isinstance(call, cst.Call)
+        for call in findall(statement, cst.Call):
             func = call.func
             if isinstance(func, cst.Name) and hasattr(builtins, func.value):
                 continue
-            if m.matches(func, m.Attribute(value=m.Name("math"))):
+            if isinstance(func, cst.Attribute) and is_name(func.value, "math"):
                 continue
             if (
                 isinstance(func, cst.Attribute)

@@ -15,15 +15,19 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad.autodiff.inline import bound_names, names_read
-from s2sgrad.cst import findall, module, nodes
+from s2sgrad.cst import assigned_name, findall, is_name, module, nodes, sole
 from s2sgrad.values import CONTAINER_MUTATORS
 
-_SIMPLE = m.SimpleStatementLine(
-    body=[m.Assign(targets=[m.AssignTarget(m.Name())]) | m.AnnAssign(target=m.Name())]
-)
+
+def _simple(statement: cst.BaseStatement) -> bool:
+    """Whether `statement` is a line that only binds one name: `x = ...`, `x: T = ...`."""
+    assign = sole(statement, cst.Assign)
+    if assign is not None:
+        return assigned_name(assign) is not None
+    annotated = sole(statement, cst.AnnAssign)
+    return annotated is not None and is_name(annotated.target)
 
 
 @dataclass(frozen=True)
@@ -52,15 +56,13 @@ def slice_closure(
     if len(results) < 2 or not statements:
         return None
     final = statements[-1]
-    if not m.matches(final, m.SimpleStatementLine(body=[m.Return(value=m.Tuple())])):
+    ret = sole(final, cst.Return)
+    if ret is None or not isinstance(ret.value, cst.Tuple):
         return None
-    assert isinstance(final, cst.SimpleStatementLine)
-    ret = final.body[0]
-    assert isinstance(ret, cst.Return) and isinstance(ret.value, cst.Tuple)
     entries = [e.value for e in ret.value.elements]
     body = list(statements[:-1])
     binds = [bound_names([s]) for s in body]
-    if len(entries) != len(results) or not all(m.matches(s, _SIMPLE) for s in body):
+    if len(entries) != len(results) or not all(_simple(s) for s in body):
         return None
     if sum(len(b) for b in binds) != len(set().union(*binds)):
         return None  # a name bound twice: slices would not be independent
@@ -71,7 +73,7 @@ def slice_closure(
         if bound & read_before:
             return None  # rebinds what an earlier statement read: order matters
         read_before |= names_read(statement)
-    live = [i for i, e in enumerate(entries) if not m.matches(e, m.Name("None"))]
+    live = [i for i, e in enumerate(entries) if not is_name(e, "None")]
     if len(live) < 2:
         return None
     owners: list[set[int]] = [set() for _ in body]
@@ -92,7 +94,7 @@ def slice_closure(
         own = [s for k, s in enumerate(body) if owners[k] == {i}]
         if results[i] == "None":
             continue
-        if not own and not m.matches(entries[i], m.Name(results[i])):
+        if not own and not is_name(entries[i], results[i]):
             line = cst.SimpleStatementLine(
                 [
                     cst.Assign(
@@ -110,7 +112,7 @@ def slice_closure(
                 out.append(line)
                 assigned.add(results[i])
                 continue
-        if not m.matches(entries[i], m.Name(results[i])):
+        if not is_name(entries[i], results[i]):
             own.append(
                 cst.SimpleStatementLine(
                     [cst.Assign([cst.AssignTarget(cst.Name(results[i]))], entries[i])]
@@ -120,7 +122,7 @@ def slice_closure(
             out.append(cst.If(cst.Name(guards[i]), cst.IndentedBlock(own)))
     for i in live:
         shared = not any(owners[k] == {i} for k in range(len(body)))
-        if i in optional and shared and m.matches(entries[i], m.Name(results[i])):
+        if i in optional and shared and is_name(entries[i], results[i]):
             out.append(
                 cst.parse_statement(
                     f"{results[i]} = {results[i]} if {guards[i]} else None\n"
@@ -129,18 +131,31 @@ def slice_closure(
     return Sliced(out, frozenset(assigned))
 
 
-#: What binds a name to an object that a call may change, or consume.
-_CHANGEABLE = m.OneOf(
-    m.List(),
-    m.Dict(),
-    m.Set(),
-    m.ListComp(),
-    m.DictComp(),
-    m.SetComp(),
-    m.GeneratorExp(),
-    m.Call(func=m.OneOf(*(m.Name(n) for n in ("list", "dict", "set", "iter")))),
-    m.Call(func=m.Name("reversed")),
+#: Values that make an object a call may change, or consume (see `_makes_changeable`).
+_CHANGEABLE = (
+    cst.List,
+    cst.Dict,
+    cst.Set,
+    cst.ListComp,
+    cst.DictComp,
+    cst.SetComp,
+    cst.GeneratorExp,
 )
+#: Builtins whose call makes a container or an iterator: `list(xs)`, `iter(xs)`.
+_MAKERS = frozenset({"list", "dict", "set", "iter", "reversed"})
+
+
+def _makes_changeable(part: cst.CSTNode) -> bool:
+    """Whether `part` is a line of one assignment of a list, dict or set (display,
+    comprehension or builtin call), a generator, `iter(...)` or `reversed(...)`."""
+    assign = sole(part, cst.Assign)
+    if assign is None:
+        return False
+    value = assign.value
+    func = value.func if isinstance(value, cst.Call) else None
+    return isinstance(value, _CHANGEABLE) or (
+        isinstance(func, cst.Name) and func.value in _MAKERS
+    )
 
 
 #: Container methods that are also out-of-place tensor methods: they change only a
@@ -157,9 +172,9 @@ def _order_matters(parts: Sequence[cst.CSTNode]) -> bool:
     changeable = {
         target.target.value
         for part in parts
-        if m.matches(part, m.SimpleStatementLine(body=[m.Assign(value=_CHANGEABLE)]))
-        for target in findall(part, m.AssignTarget(target=m.Name()))
-        if isinstance(target, cst.AssignTarget) and isinstance(target.target, cst.Name)
+        if _makes_changeable(part)
+        for target in findall(part, cst.AssignTarget)
+        if isinstance(target.target, cst.Name)
     }
     for part in parts:
         for found in nodes(part):

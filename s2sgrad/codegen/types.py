@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import libcst as cst
-import libcst.matchers as m
 
-from s2sgrad.cst import bound_target
+from s2sgrad.cst import bound_target, is_name
 from s2sgrad.frontend.model import Param
 from s2sgrad.values import NONE, Value, integers, param_value
 
@@ -142,7 +141,7 @@ class _ShortTensor(cst.CSTTransformer):
     def leave_Attribute(
         self, original_node: cst.Attribute, updated_node: cst.Attribute
     ) -> cst.BaseExpression:
-        if m.matches(updated_node, m.Attribute(m.Name("torch"), m.Name("Tensor"))):
+        if is_name(updated_node.value, "torch") and updated_node.attr.value == "Tensor":
             return cst.Name(TENSOR)
         return updated_node
 
