@@ -18,14 +18,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
-import libcst.matchers as m
 
-from s2sgrad.autodiff.registry import TENSOR_TEST, Rule
+from s2sgrad.autodiff.registry import Rule, is_tensor_test
 from s2sgrad.cst import (
     NameRewriter,
     as_expression,
     as_statement,
+    assigned_name,
+    is_name,
     nodes,
+    sole,
     statements,
     walk,
 )
@@ -264,7 +266,7 @@ class _TypeTests(cst.CSTTransformer):
     def leave_Call(
         self, original_node: cst.Call, updated_node: cst.Call
     ) -> cst.BaseExpression:
-        if not m.matches(updated_node, TENSOR_TEST):
+        if not is_tensor_test(updated_node):
             return updated_node
         tested = updated_node.args[0].value
         assert isinstance(tested, cst.Name)
@@ -488,19 +490,18 @@ def _drop_aliases(
     """Drop top-level `local = other_name` lines left by folding, renaming their uses,
     and `local = literal` lines (`over = -1`, where a rule chose a dim) for a local
     bound there only, writing the literal at its uses."""
-    alias_line = m.SimpleStatementLine(
-        body=[m.Assign(targets=[m.AssignTarget(m.Name())], value=_LITERAL | m.Name())]
-    )
     bound_once = _bound_once(statements)
     aliases: dict[str, cst.BaseExpression] = {}
     kept = []
     for statement in statements:
-        if m.matches(statement, alias_line):
-            assert isinstance(statement, cst.SimpleStatementLine)
-            assign = statement.body[0]
-            assert isinstance(assign, cst.Assign)
-            target = assign.targets[0].target
-            assert isinstance(target, cst.Name)
+        # A line `local = other_name` or `local = literal`.
+        assign = sole(statement, cst.Assign)
+        target = assigned_name(assign)
+        if (
+            assign is not None
+            and target is not None
+            and (_is_literal(assign.value) or is_name(assign.value))
+        ):
             if isinstance(assign.value, cst.Name):
                 aliases[target.value] = aliases.get(assign.value.value, assign.value)
                 continue
@@ -511,17 +512,19 @@ def _drop_aliases(
     return kept, aliases
 
 
-#: A literal a rule's local may stand for: a number (negative too), a string, a
-#: bool or None.
-_LITERAL = (
-    m.Integer()
-    | m.Float()
-    | m.SimpleString()
-    | m.Name("True")
-    | m.Name("False")
-    | m.Name("None")
-    | m.UnaryOperation(operator=m.Minus(), expression=m.Integer() | m.Float())
-)
+_NUMBERS = (cst.Integer, cst.Float)
+
+
+def _is_literal(node: cst.BaseExpression) -> bool:
+    """Whether `node` is a literal a rule's local may stand for: a number (negative
+    too), a string, a bool or None."""
+    if isinstance(node, cst.UnaryOperation):
+        return isinstance(node.operator, cst.Minus) and isinstance(
+            node.expression, _NUMBERS
+        )
+    return isinstance(node, (*_NUMBERS, cst.SimpleString)) or (
+        isinstance(node, cst.Name) and node.value in ("True", "False", "None")
+    )
 
 
 def _bound_once(statements: Sequence[cst.BaseStatement]) -> set[str]:

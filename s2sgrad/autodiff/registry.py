@@ -20,12 +20,12 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 import libcst as cst
-import libcst.matchers as m
 from libcst._version import __version__ as libcst_version
 
-from s2sgrad.cst import findall
+from s2sgrad.cst import assigned_name, calls_name, findall, is_name, sole
 from s2sgrad.files import write_atomic
 from s2sgrad.frontend import parse
 from s2sgrad.frontend.model import Differentiator
@@ -66,9 +66,9 @@ def rule_from(diff: Differentiator) -> Rule | None:
         if isinstance(diff.backward.body, cst.IndentedBlock)
         else []
     )
-    if not body or not m.matches(body[-1], m.SimpleStatementLine(body=[m.Return()])):
+    if not body or sole(body[-1], cst.Return) is None:
         return None
-    returns = findall(diff.backward.body, m.Return())
+    returns = findall(diff.backward.body, cst.Return)
     if len(returns) != 1 or len(diff.grad_params) != 1:
         return None
     final = body[-1]
@@ -82,7 +82,7 @@ def rule_from(diff: Differentiator) -> Rule | None:
         values = [ret.value]
     else:
         return None
-    entries = tuple(None if m.matches(v, m.Name("None")) else v for v in values)
+    entries = tuple(None if is_name(v, "None") else v for v in values)
     defaults = {
         p.name: p.node.default for p in diff.params if p.node.default is not None
     }
@@ -90,8 +90,8 @@ def rule_from(diff: Differentiator) -> Rule | None:
     params = tuple(p.name for p in diff.params)
     tested = {
         test.args[0].value.value
-        for test in findall(diff.backward.body, TENSOR_TEST)
-        if isinstance(test, cst.Call) and isinstance(test.args[0].value, cst.Name)
+        for test in findall(diff.backward.body, cst.Call, is_tensor_test)
+        if isinstance(test.args[0].value, cst.Name)
     }
     return Rule(
         diff.name,
@@ -106,23 +106,26 @@ def rule_from(diff: Differentiator) -> Rule | None:
     )
 
 
-#: `isinstance(name, torch.Tensor)`, the one type test a rule's backward may settle.
-TENSOR_TEST = m.Call(
-    func=m.Name("isinstance"),
-    args=[m.Arg(m.Name()), m.Arg(m.Attribute(m.Name("torch"), m.Name("Tensor")))],
-)
+def is_tensor_test(node: object) -> TypeGuard[cst.Call]:
+    """Whether `node` is `isinstance(name, torch.Tensor)`, the one type test a rule's
+    backward may settle (two arguments, whatever their keywords or stars)."""
+    if not calls_name(node, "isinstance") or len(node.args) != 2:
+        return False
+    tested, kind = node.args[0].value, node.args[1].value
+    return (
+        is_name(tested)
+        and type(kind) is cst.Attribute
+        and is_name(kind.value, "torch")
+        and is_name(kind.attr, "Tensor")
+    )
 
 
 def _table(module: cst.Module, name: str) -> dict[str, str]:
     """Read a module-level `NAME = {"key": value_name, ...}` dict literal."""
     table: dict[str, str] = {}
     for statement in module.body:
-        if not m.matches(
-            statement,
-            m.SimpleStatementLine(
-                body=[m.Assign(targets=[m.AssignTarget(m.Name(name))])]
-            ),
-        ):
+        target = assigned_name(sole(statement, cst.Assign))
+        if target is None or target.value != name:
             continue
         assert isinstance(statement, cst.SimpleStatementLine)
         assign = statement.body[0]
@@ -171,9 +174,8 @@ class _LazyRules(Mapping[str, Rule]):
             imports = [
                 s
                 for s in module.body
-                if m.matches(
-                    s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
-                )
+                if sole(s, cst.Import) is not None
+                or sole(s, cst.ImportFrom) is not None
             ]
             self.header = "".join(cst.Module([]).code_for_node(s) for s in imports)
 

@@ -29,13 +29,16 @@ from collections.abc import Callable, Collection, Sequence
 from functools import partial
 
 import libcst as cst
-import libcst.matchers as m
 
 from s2sgrad.cst import (
     as_expression,
     as_statement,
+    assigned_name,
+    calls_name,
     findall,
+    is_name,
     name_counts,
+    sole,
     spelled,
     statements,
     walk,
@@ -294,38 +297,23 @@ def _rewritten(
 
 # -- first contributions --------------------------------------------------------------
 
-_ADD = m.SimpleStatementLine(
-    body=[
-        m.Assign(
-            targets=[m.AssignTarget(m.Name())],
-            value=m.Call(func=m.Name(ACCUMULATE), args=[m.Arg(m.Name()), m.Arg()]),
-        )
-    ]
-)
-
 
 def _contribution(
     statement: cst.BaseStatement,
 ) -> tuple[str, cst.BaseExpression] | None:
     """(acc, e) of `acc = _accumulate(acc, e)`, or None."""
-    # Asked of every statement, twice: what is not one assignment of a call (most
-    # statements, and every block) is told apart before the matcher's deep compare.
-    if not (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Assign)
-        and isinstance(statement.body[0].value, cst.Call)
-    ) or not m.matches(statement, _ADD):
+    assign = sole(statement, cst.Assign)
+    if assign is None:
         return None
-    assert isinstance(statement, cst.SimpleStatementLine)
-    assign = statement.body[0]
-    assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
-    target = assign.targets[0].target
-    total = assign.value.args[0].value
-    assert isinstance(target, cst.Name) and isinstance(total, cst.Name)
-    if target.value != total.value:
+    target = assigned_name(assign)
+    call = assign.value
+    # Two arguments of any form (`*e` too), the first a name: the same as `acc`.
+    if target is None or not calls_name(call, ACCUMULATE) or len(call.args) != 2:
         return None
-    return target.value, assign.value.args[1].value
+    total = call.args[0].value
+    if not is_name(total) or target.value != total.value:
+        return None
+    return target.value, call.args[1].value
 
 
 def first_contributions(
@@ -370,7 +358,7 @@ def _assigned(node: cst.CSTNode) -> set[str]:
 
 
 class _Targets(cst.CSTVisitor):
-    """Every `AssignTarget` under a node, as `findall(node, m.AssignTarget())` finds
+    """Every `AssignTarget` under a node, as `findall(node, cst.AssignTarget)` finds
     them; it does not descend into expressions, where there are none (they belong
     to `Assign` statements only)."""
 
@@ -431,7 +419,7 @@ def merge_repeats(body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
 
 
 def _reads(node: cst.CSTNode, name: str) -> bool:
-    return bool(findall(node, m.Name(name)))
+    return bool(findall(node, cst.Name, lambda n: n.value == name))
 
 
 def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -445,9 +433,21 @@ def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
 
 # -- copies ---------------------------------------------------------------------------
 
-_COPY = m.SimpleStatementLine(
-    body=[m.Assign(targets=[m.AssignTarget(m.Name())], value=m.Name())]
-)
+
+def _is_copy(statement: cst.BaseStatement) -> bool:
+    """Whether a statement is a line `a = b`: one name bound to another."""
+    assign = sole(statement, cst.Assign)
+    return (
+        assign is not None
+        and assigned_name(assign) is not None
+        and is_name(assign.value)
+    )
+
+
+def _binds(statement: cst.BaseStatement, name: str | None = None) -> bool:
+    """Whether a statement is a line `name = ...` (any one name, without `name`)."""
+    target = assigned_name(sole(statement, cst.Assign))
+    return target is not None and (name is None or target.value == name)
 
 
 def forward_copies(
@@ -469,16 +469,7 @@ def _copies(
     for statement in body:
         if isinstance(statement, cst.If):
             statement = _each_block(statement, lambda b: _copies(b, reads))
-        if (
-            out
-            and m.matches(statement, _COPY)
-            and m.matches(
-                out[-1],
-                m.SimpleStatementLine(
-                    body=[m.Assign(targets=[m.AssignTarget(m.Name())])]
-                ),
-            )
-        ):
+        if out and _is_copy(statement) and _binds(out[-1]):
             assert isinstance(statement, cst.SimpleStatementLine)
             copy = statement.body[0]
             previous = out[-1]
@@ -511,12 +502,7 @@ def _carried(
     if contribution is None or not isinstance(contribution[1], cst.Name):
         return None
     carrier = contribution[1].value
-    if reads.get(carrier) != 2 or not m.matches(
-        previous,
-        m.SimpleStatementLine(
-            body=[m.Assign(targets=[m.AssignTarget(m.Name(carrier))])]
-        ),
-    ):
+    if reads.get(carrier) != 2 or not _binds(previous, carrier):
         return None
     assert isinstance(previous, cst.SimpleStatementLine)
     assert isinstance(statement, cst.SimpleStatementLine)
@@ -555,7 +541,7 @@ def _propagate(
                 statement, lambda b: _propagate(b, everywhere, keep)
             )
         rest = body[k + 1 :]
-        if m.matches(statement, _COPY) and rest:
+        if _is_copy(statement) and rest:
             assert isinstance(statement, cst.SimpleStatementLine)
             assign = statement.body[0]
             assert isinstance(assign, cst.Assign)
