@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeGuard, TypeVar
+from typing import TypeGuard, TypeVar
 
 import libcst as cst
 
@@ -478,8 +478,6 @@ def findall(
     the matchers costs 0.12 s (a tenth of converting a module cold), and matching
     with them is several times slower than the tests they stand for.
     """
-    if not isinstance(kinds, (type, tuple)):  # TRANSITIONAL: a libcst matcher
-        return _legacy_findall(root, kinds)  # type: ignore[unreachable]
     kinds = kinds if isinstance(kinds, tuple) else (kinds,)
     found: list[N] = []
     if not any(kind.__subclasses__() for kind in kinds):
@@ -540,9 +538,3 @@ def says_inplace(call: cst.Call) -> bool:
         and a.value.value == "True"
         for a in call.args
     )
-
-
-def _legacy_findall(root: Any, matcher: Any) -> Any:  # TRANSITIONAL
-    import libcst.matchers as m
-
-    return [node for node in nodes(root) if m.matches(node, matcher)]

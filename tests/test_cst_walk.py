@@ -20,7 +20,17 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from s2sgrad.cst import findall, nodes, remembering, walk
+from s2sgrad.cst import (
+    assigned_name,
+    calls_name,
+    findall,
+    is_name,
+    nodes,
+    remembering,
+    sole,
+    sole_target,
+    walk,
+)
 from s2sgrad.frontend.metadata import Metadata
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,27 +106,72 @@ class _Order(cst.CSTVisitor):
 
 
 @pytest.mark.parametrize(
-    "matcher",
+    ("kinds", "where", "matcher"),
     [
-        m.Call(),
-        m.Name("x") | m.Attribute(),
-        m.Assign(targets=[m.AssignTarget(m.Name())]),
-        m.Call(func=m.Name(m.MatchIfTrue(lambda name: name.startswith("_")))),
-        m.Return() | m.Subscript(slice=[m.ZeroOrMore()]),
+        (cst.Call, None, m.Call()),
+        (
+            (cst.Name, cst.Attribute),
+            lambda n: not isinstance(n, cst.Name) or n.value == "x",
+            m.Name("x") | m.Attribute(),
+        ),
+        (cst.Assign, assigned_name, m.Assign(targets=[m.AssignTarget(m.Name())])),
+        (
+            cst.Call,
+            lambda n: calls_name(n) and n.func.value.startswith("_"),
+            m.Call(func=m.Name(m.MatchIfTrue(lambda name: name.startswith("_")))),
+        ),
+        (
+            (cst.Return, cst.Subscript),
+            None,
+            m.Return() | m.Subscript(slice=[m.ZeroOrMore()]),
+        ),
+        # A base class, whose subclasses are found by `isinstance`.
+        (
+            cst.BaseSmallStatement,
+            None,
+            m.MatchIfTrue(lambda n: isinstance(n, cst.BaseSmallStatement)),
+        ),
     ],
 )
-def test_findall_finds_what_libcst_finds(matcher):
+def test_findall_finds_what_libcst_finds(kinds, where, matcher):
     for path in SOURCES[:12]:
         module = cst.parse_module(path.read_text())
-        assert findall(module, matcher) == list(m.findall(module, matcher))
+        assert findall(module, kinds, where) == list(m.findall(module, matcher))
         with remembering():
-            assert findall(module, matcher) == list(m.findall(module, matcher))
+            assert findall(module, kinds, where) == list(m.findall(module, matcher))
             assert nodes(module) is nodes(module)  # walked once
 
 
-def test_findall_refuses_a_matcher_that_is_not_of_nodes():
-    with pytest.raises(TypeError):
-        findall(cst.parse_module("x = 1\n"), m.MatchIfTrue(bool))  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("source", "shapes"),
+    [
+        # (sole(line, Return), sole_target, assigned_name, is_name "t", calls_name)
+        ("return t\n", (True, False, False, True, False)),
+        ("t = f(x)\n", (False, True, True, False, True)),
+        ("a, b = x\n", (False, True, False, False, False)),
+        ("a = b = x\n", (False, False, False, False, False)),
+        ("return t; x = 1\n", (False, False, False, True, False)),
+    ],
+)
+def test_statement_shapes_as_the_matchers_say(source, shapes):
+    line = cst.parse_module(source).body[0]
+    small = line.body[0]
+    value = getattr(small, "value", None)
+    found = (
+        sole(line, cst.Return) is not None,
+        sole_target(small) is not None,
+        assigned_name(small) is not None,
+        is_name(value, "t"),
+        calls_name(value),
+    )
+    expected = (
+        m.matches(line, m.SimpleStatementLine(body=[m.Return()])),
+        m.matches(small, m.Assign(targets=[m.AssignTarget()])),
+        m.matches(small, m.Assign(targets=[m.AssignTarget(m.Name())])),
+        value is not None and m.matches(value, m.Name("t")),
+        value is not None and m.matches(value, m.Call(func=m.Name())),
+    )
+    assert found == expected == shapes
 
 
 @pytest.mark.parametrize("path", SOURCES[::6], ids=lambda p: p.name)
