@@ -32,6 +32,7 @@ from s2sgrad.cst import (
     bound,
     bound_anywhere,
     bound_target,
+    calls_name,
     dotted,
     findall,
     is_name,
@@ -43,6 +44,7 @@ from s2sgrad.diagnostics import Diagnostic, TransformError
 from s2sgrad.frontend.model import Differentiator, InPlace
 from s2sgrad.lift import aliasing_names, grad_off, may_alias_at
 from s2sgrad.lines import line_text
+from s2sgrad.names import NameAllocator
 from s2sgrad.sharing import CONTAINER_ADDS, may_share
 from s2sgrad.values import (
     DIFF,
@@ -973,9 +975,11 @@ def backward_out_of_place(
     statements not rewritten keep their nodes, which lifting and the maps of `diff`
     know by identity. Returns `diff` itself when nothing is rewritten.
     """
-    body = diff.backward.body
-    if not isinstance(body, cst.IndentedBlock):
+    if not isinstance(diff.backward.body, cst.IndentedBlock):
         return diff
+    diff = _named_receivers(diff)
+    body = diff.backward.body
+    assert isinstance(body, cst.IndentedBlock)
     # Backward's own names: what it binds (a name forward binds too is backward's
     # own there, as Python scopes it), its incoming gradients aside.
     own = bound(body) - set(diff.grad_params)
@@ -1074,6 +1078,230 @@ def backward_out_of_place(
         statement_lines=statement_lines,
         backward_rewritten=True,
     )
+
+
+def _named_receivers(diff: Differentiator) -> Differentiator:
+    """Bind the new tensor an in-place chain of backward starts from to a name, so
+    that the write is one of a name, which `backward_out_of_place` judges and may
+    write out of place: `return torch.exp(x).mul_(grad)` becomes `exp =
+    torch.exp(x)`, `exp.mul_(grad)`, `return exp`; `d = torch.tanh(x).pow_(2)`
+    becomes `d = torch.tanh(x)`, `d.pow_(2)`. Kept as written, the chain fails
+    autograd's version check at order 2 (exp saved the tensor it changes).
+
+    Only a chain that starts from an operation (a call, an operator), not from a
+    name, attribute or item, whose storage may be another's; and only where it is the
+    whole value of a `return`, of an assignment to one target or of an expression
+    statement, or an element of a returned or assigned tuple whose elements call
+    nothing that may change anything. Its operations then run in the order they ran,
+    and the new statements change nothing that was not changed: the judges keep any
+    write they cannot prove safe as written.
+    """
+    body = diff.backward.body
+    assert isinstance(body, cst.IndentedBlock)
+    if any(calls_name(node, name) for node in nodes(body) for name in _DYNAMIC):
+        return diff  # `locals()` would see the new name
+    names = NameAllocator(
+        diff.local_names | set(diff.grad_params) | set(diff.globals_used)
+    )
+    created: dict[str, list[cst.Name]] = {}
+    changed: dict[cst.BaseSmallStatement, list[cst.BaseSmallStatement]] = {}
+    for small in _small_statements(body.body):
+        new = _receivers_named(small, names, created)
+        if new is not None:
+            changed[small] = new
+    if not changed:
+        return diff
+    statements, replaced = _replacing(body.body, changed, own_lines=True)
+    statement_lines = dict(diff.statement_lines)
+    for new_node, old_node in replaced.items():
+        if old_node in statement_lines:
+            statement_lines[new_node] = statement_lines[old_node]
+    return replace(
+        diff,
+        backward=diff.backward.with_changes(body=body.with_changes(body=statements)),
+        statement_lines=statement_lines,
+        local_names=diff.local_names | set(created),
+        backward_locals={
+            **diff.backward_locals,
+            **{name: tuple(spelled) for name, spelled in created.items()},
+        },
+    )
+
+
+def _small_statements(
+    statements: Sequence[cst.BaseStatement],
+) -> list[cst.BaseSmallStatement]:
+    """The small statements in `statements` and the blocks inside them, as
+    `_backward_writes` looks for writes (nested functions aside)."""
+    found: list[cst.BaseSmallStatement] = []
+    for statement in statements:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        if isinstance(statement, cst.SimpleStatementLine):
+            found += statement.body
+            continue
+        for block in _blocks(statement):
+            found += _small_statements(block)
+    return found
+
+
+def _receivers_named(
+    small: cst.BaseSmallStatement,
+    names: NameAllocator,
+    created: dict[str, list[cst.Name]],
+) -> list[cst.BaseSmallStatement] | None:
+    """`small` after bindings of the new tensors its in-place chains start from and
+    the chains on those names (see `_named_receivers`), or None to keep it."""
+    if isinstance(small, cst.Return):
+        value = small.value
+    elif isinstance(small, (cst.Assign, cst.Expr)):
+        value = (
+            small.value if sole_target(small) or isinstance(small, cst.Expr) else None
+        )
+    else:
+        return None
+    if value is None:
+        return None
+    if _fresh_chain(value) is not None:
+        elements = [value]
+    elif isinstance(value, cst.Tuple) and not isinstance(small, cst.Expr):
+        elements = [e.value for e in value.elements]
+        if not all(_quiet(e) for e in elements):
+            return None
+    else:
+        return None
+    before: list[cst.BaseSmallStatement] = []
+    swapped: dict[cst.BaseExpression, cst.Name] = {}
+    target = sole_target(small)
+    direct = False
+    for element in elements:
+        links = _fresh_chain(element)
+        if links is None:
+            continue
+        base = links[0].func
+        assert isinstance(base, cst.Attribute)
+        if (
+            is_name(target)
+            and len(elements) == 1
+            and not any(
+                is_name(n, target.value)
+                for link in links
+                for arg in link.args
+                for n in nodes(arg)
+            )
+        ):
+            # `d = torch.tanh(x).pow_(2)`: d is the new tensor
+            name, direct = target.value, True
+        else:
+            name = names.fresh(_receiver_word(base.value))
+        spellings = [cst.Name(name) for _ in range(3)]
+        created.setdefault(name, []).extend(spellings)
+        chain: cst.BaseExpression = spellings[1]
+        for link in links:
+            assert isinstance(link.func, cst.Attribute)
+            chain = link.with_changes(func=link.func.with_changes(value=chain))
+        before += [
+            cst.Assign([cst.AssignTarget(spellings[0])], base.value),
+            cst.Expr(chain),
+        ]
+        swapped[element] = spellings[2]
+    if not before:
+        return None
+    if isinstance(small, cst.Expr) or direct:
+        return before  # the chain's value was dropped, or bound already
+    if len(elements) == 1:
+        return [*before, small.with_changes(value=swapped[value])]
+    assert isinstance(value, cst.Tuple)
+    return [
+        *before,
+        small.with_changes(
+            value=value.with_changes(
+                elements=[
+                    e.with_changes(value=swapped.get(e.value, e.value))
+                    for e in value.elements
+                ]
+            )
+        ),
+    ]
+
+
+def _fresh_chain(node: cst.BaseExpression) -> list[cst.Call] | None:
+    """The links of an in-place chain on a new tensor (`torch.exp(x).mul_(g)`,
+    `(a * b).add_(1)`), innermost first; None for anything else."""
+    links: list[cst.Call] = []
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and opfacts.is_inplace(node.func.attr.value)
+        and opfacts.out_of_place(node.func.attr.value) is not None
+    ):
+        links.append(node)
+        node = node.func.value
+    if not links:
+        return None
+    if isinstance(node, cst.Call) and not says_inplace(node):
+        return links[::-1]
+    if isinstance(node, cst.BinaryOperation) or (
+        isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
+    ):
+        return links[::-1]  # `+t` may be `t` itself
+    return None
+
+
+def _quiet(node: cst.BaseExpression) -> bool:
+    """Whether evaluating `node` can change nothing but the new tensors of its
+    in-place chains: it calls no function by a bare name but a few builtins, no
+    in-place method outside such a chain, and binds no name."""
+    chains = _fresh_chain(node)
+    allowed = {id(link) for link in chains or ()}
+    for inner in nodes(node):
+        if isinstance(inner, (cst.NamedExpr, cst.Yield, cst.Await)):
+            return False
+        if not isinstance(inner, cst.Call) or id(inner) in allowed:
+            continue
+        if says_inplace(inner):
+            return False
+        func = inner.func
+        if isinstance(func, cst.Name) and func.value not in _PURE_BUILTINS:
+            return False
+        if isinstance(func, cst.Attribute) and opfacts.is_inplace(func.attr.value):
+            return False
+        if not isinstance(func, (cst.Name, cst.Attribute)):
+            return False
+    return True
+
+
+#: Builtins that change nothing, which a tuple element beside a chain may call.
+_PURE_BUILTINS = frozenset(
+    {"len", "int", "float", "bool", "abs", "min", "max", "sum", "range", "tuple"}
+)
+
+#: What an operator's result is called, for the name of a new tensor.
+_OPERATOR_WORDS: Mapping[type[cst.CSTNode], str] = {
+    cst.Multiply: "product",
+    cst.MatrixMultiply: "product",
+    cst.Add: "total",
+    cst.Subtract: "difference",
+    cst.Divide: "quotient",
+    cst.Power: "power",
+    cst.Minus: "negated",
+}
+
+
+def _receiver_word(node: cst.BaseExpression) -> str:
+    """A name for the new tensor `node` makes: its function's (`torch.exp(x)`:
+    exp), or its operator's (`a * b`: product)."""
+    if isinstance(node, cst.Call):
+        func = node.func
+        word = (
+            func.attr.value
+            if isinstance(func, cst.Attribute)
+            else func.value if isinstance(func, cst.Name) else ""
+        )
+        return word if word.isidentifier() and not word.startswith("_") else "value"
+    if isinstance(node, (cst.BinaryOperation, cst.UnaryOperation)):
+        return _OPERATOR_WORDS.get(type(node.operator), "value")
+    return "value"
 
 
 @dataclass(frozen=True)
@@ -1844,42 +2072,64 @@ def _changes_incoming(
 def _replacing(
     statements: Sequence[cst.BaseStatement],
     changed: Mapping[cst.BaseSmallStatement, Sequence[cst.BaseSmallStatement]],
+    own_lines: bool = False,
 ) -> tuple[list[cst.BaseStatement], dict[cst.CSTNode, cst.CSTNode]]:
     """`statements` with the small statements in `changed` replaced, and each new
     statement with the one it replaces. Only the statements on the way to a change
-    are new: every other node stays the very node it was."""
+    are new: every other node stays the very node it was. With `own_lines`, a
+    statement line that changes becomes one line per small statement (the comment
+    that ended it ends the last), so that each is a statement of its own."""
     replaced: dict[cst.CSTNode, cst.CSTNode] = {}
 
-    def rebuild(node: cst.CSTNode) -> cst.CSTNode:
+    def rebuild(node: cst.CSTNode) -> list[cst.CSTNode]:
         if isinstance(node, cst.SimpleStatementLine):
             if not any(small in changed for small in node.body):
-                return node
-            new: cst.CSTNode = node.with_changes(
-                body=[n for small in node.body for n in changed.get(small, [small])]
-            )
-        elif isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.BaseExpression)):
-            return node
-        else:
-            changes: dict[str, object] = {}
-            for field in fields(node):
-                old = getattr(node, field.name)
-                if isinstance(old, cst.CSTNode):
-                    rebuilt = rebuild(old)
-                    if rebuilt is not old:
-                        changes[field.name] = rebuilt
-                elif isinstance(old, (list, tuple)) and any(
-                    isinstance(item, cst.CSTNode) for item in old
+                return [node]
+            body = [n for small in node.body for n in changed.get(small, [small])]
+            if own_lines:
+                lines: list[cst.CSTNode] = [
+                    cst.SimpleStatementLine(
+                        [small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)],
+                        leading_lines=node.leading_lines if at == 0 else (),
+                        trailing_whitespace=(
+                            node.trailing_whitespace
+                            if at == len(body) - 1
+                            else cst.TrailingWhitespace()
+                        ),
+                    )
+                    for at, small in enumerate(body)
+                ]
+            else:
+                lines = [node.with_changes(body=body)]
+            for line in lines:
+                replaced[line] = node
+            return lines
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.BaseExpression)):
+            return [node]
+        changes: dict[str, object] = {}
+        for field in fields(node):
+            old = getattr(node, field.name)
+            if isinstance(old, cst.CSTNode):
+                (rebuilt,) = rebuild(old)
+                if rebuilt is not old:
+                    changes[field.name] = rebuilt
+            elif isinstance(old, (list, tuple)) and any(
+                isinstance(item, cst.CSTNode) for item in old
+            ):
+                items = [
+                    new
+                    for i in old
+                    for new in (rebuild(i) if isinstance(i, cst.CSTNode) else [i])
+                ]
+                if len(items) != len(old) or any(
+                    a is not b for a, b in zip(items, old, strict=True)
                 ):
-                    items = [
-                        rebuild(i) if isinstance(i, cst.CSTNode) else i for i in old
-                    ]
-                    if any(a is not b for a, b in zip(items, old, strict=True)):
-                        changes[field.name] = items
-            if not changes:
-                return node
-            new = node.with_changes(**changes)
+                    changes[field.name] = items
+        if not changes:
+            return [node]
+        new = node.with_changes(**changes)
         replaced[new] = node
-        return new
+        return [new]
 
-    rebuilt = [rebuild(statement) for statement in statements]
+    rebuilt = [new for statement in statements for new in rebuild(statement)]
     return [_statement(s) for s in rebuilt], replaced

@@ -190,6 +190,43 @@ def f(x: torch.Tensor, w: torch.Tensor):
         return g * w * s, g * torch.tanh(x)
     return s * w, backward
 """,
+    # In-place chains on new tensors that no name holds: exp and tanh saved them.
+    "chain on a new tensor, returned": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    e = torch.exp(x)
+    def backward(g):
+        return torch.exp(x).mul_(g * w), (g * torch.exp(x)).mul_(1.0)
+    return e * w, backward
+""",
+    "chain on a new tensor, assigned": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.tanh(x)
+    def backward(g):
+        d = torch.tanh(x).pow_(2).neg_().add_(1)
+        return g * w * d, g * t
+    return t * w, backward
+""",
+    # The chain reads the name it is bound to: the old `d`, not the new tensor.
+    "chain on a new tensor, reading its target": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.sigmoid(x)
+    def backward(g):
+        d = g * w
+        d = torch.sigmoid(x).mul_(1 - torch.sigmoid(x)).mul_(d)
+        return d, g * t
+    return t * w, backward
+""",
+    "chain on a new tensor in a branch": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.sigmoid(x)
+    def backward(g):
+        if x.dim() > 1:
+            gx = (g * w).mul_(torch.sigmoid(x)).mul_(1 - t)
+        else:
+            gx = g * w * t * (1 - t)
+        return gx, g * t
+    return t * w, backward
+""",
     # A sum that starts from the number 0 has no dtype to keep at its first `+=`.
     "accumulated from zero": """
 def f(x: torch.Tensor, w: torch.Tensor):
@@ -293,6 +330,39 @@ def test_backward_inplace_writes_read_as_bindings():
     text = transform(HEAD + CASES["augmented store in a loop"], "m.py", "m")
     assert "gx = _setitem(gx, i, gx[i] + (g[i] * w * torch.cos(x[i])))" in text
     assert "# the closure `backward`, its in-place ops out of place" in text
+    text = transform(HEAD + CASES["chain on a new tensor, returned"], "m.py", "m")
+    assert "exp = torch.exp(x)\n" in text
+    assert "exp = exp.mul(g * w).to(exp.dtype)\n" in text
+    assert "product = g * torch.exp(x)\n" in text
+    assert "product = product.mul(1.0)\n" in text  # a number: nothing to promote
+    assert "return exp, product" in text and "mul_" not in text
+    text = transform(HEAD + CASES["chain on a new tensor, assigned"], "m.py", "m")
+    assert "d = torch.tanh(x)\n" in text
+    assert "d = d.pow(2).neg().add(1)\n" in text
+    text = transform(
+        HEAD + CASES["chain on a new tensor, reading its target"], "m.py", "m"
+    )
+    assert "sigmoid = torch.sigmoid(x)\n" in text and "d = sigmoid\n" in text
+
+
+def test_a_chain_on_a_new_tensor_keeps_its_dtype(tmp_path):
+    """`torch.exp(x).mul_(g)` keeps exp's dtype where `g` would promote it: the
+    generated backward hands back what the closure's does."""
+    from oracle import import_pair
+
+    closures, generated = import_pair(
+        tmp_path, HEAD + CASES["chain on a new tensor, returned"], "bipd"
+    )
+    x, w = torch.randn(3, 4), torch.randn(4)
+    g = torch.randn(3, 4, dtype=torch.float64)
+    _, backward = closures.f(x, w)
+    _, ctx = generated.f_forward(x, w)
+    expected = backward(g)
+    found = generated.f_backward(ctx, g)
+    assert [t.dtype for t in found] == [t.dtype for t in expected]
+    assert [t.dtype for t in expected] == [torch.float32, torch.float64]
+    for a, b in zip(found, expected, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 SHARED = """
