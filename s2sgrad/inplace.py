@@ -29,6 +29,7 @@ import libcst as cst
 
 from s2sgrad import opfacts
 from s2sgrad.cst import (
+    as_expression,
     bound,
     bound_anywhere,
     bound_target,
@@ -1103,10 +1104,11 @@ def _named_receivers(diff: Differentiator) -> Differentiator:
     names = NameAllocator(
         diff.local_names | set(diff.grad_params) | set(diff.globals_used)
     )
+    rebound = diff.local_names | frozenset(diff.globals_used)
     created: dict[str, list[cst.Name]] = {}
     changed: dict[cst.BaseSmallStatement, list[cst.BaseSmallStatement]] = {}
     for small in _small_statements(body.body):
-        new = _receivers_named(small, names, created)
+        new = _receivers_named(small, names, created, rebound)
         if new is not None:
             changed[small] = new
     if not changed:
@@ -1149,6 +1151,7 @@ def _receivers_named(
     small: cst.BaseSmallStatement,
     names: NameAllocator,
     created: dict[str, list[cst.Name]],
+    rebound: frozenset[str],
 ) -> list[cst.BaseSmallStatement] | None:
     """`small` after bindings of the new tensors its in-place chains start from and
     the chains on those names (see `_named_receivers`), or None to keep it."""
@@ -1162,27 +1165,25 @@ def _receivers_named(
         return None
     if value is None:
         return None
+    chains: list[cst.BaseExpression]
     if _fresh_chain(value) is not None:
-        elements = [value]
-    elif isinstance(value, cst.Tuple) and not isinstance(small, cst.Expr):
-        elements = [e.value for e in value.elements]
-        if not all(_quiet(e) for e in elements):
-            return None
+        chains = [value]  # the whole value: its parts run in the order they ran
+    elif _quiet(value, rebound):
+        chains = [*_unconditional_chains(value)]
     else:
         return None
     before: list[cst.BaseSmallStatement] = []
-    swapped: dict[cst.BaseExpression, cst.Name] = {}
+    swapped: dict[cst.CSTNode, cst.Name] = {}
     target = sole_target(small)
     direct = False
-    for element in elements:
-        links = _fresh_chain(element)
-        if links is None:
-            continue
+    for found in chains:
+        links = _fresh_chain(found)
+        assert links is not None
         base = links[0].func
         assert isinstance(base, cst.Attribute)
         if (
             is_name(target)
-            and len(elements) == 1
+            and found is value
             and not any(
                 is_name(n, target.value)
                 for link in links
@@ -1204,25 +1205,59 @@ def _receivers_named(
             cst.Assign([cst.AssignTarget(spellings[0])], base.value),
             cst.Expr(chain),
         ]
-        swapped[element] = spellings[2]
+        swapped[found] = spellings[2]
     if not before:
         return None
     if isinstance(small, cst.Expr) or direct:
         return before  # the chain's value was dropped, or bound already
-    if len(elements) == 1:
-        return [*before, small.with_changes(value=swapped[value])]
-    assert isinstance(value, cst.Tuple)
-    return [
-        *before,
-        small.with_changes(
-            value=value.with_changes(
-                elements=[
-                    e.with_changes(value=swapped.get(e.value, e.value))
-                    for e in value.elements
-                ]
-            )
-        ),
-    ]
+    rest = swapped.get(value) or as_expression(value.visit(_Swapping(swapped)))
+    return [*before, small.with_changes(value=rest)]
+
+
+class _Swapping(cst.CSTTransformer):
+    """Put the name bound to each chain in the chain's place (one pass: a pass
+    rebuilds the nodes around, and the next chain would not be found by identity)."""
+
+    def __init__(self, swapped: Mapping[cst.CSTNode, cst.Name]) -> None:
+        self.swapped = swapped
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        return node not in self.swapped
+
+    def leave_Call(
+        self, original_node: cst.Call, updated_node: cst.Call
+    ) -> cst.BaseExpression:
+        return self.swapped.get(original_node, updated_node)
+
+
+def _unconditional_chains(value: cst.BaseExpression) -> list[cst.Call]:
+    """The in-place chains on new tensors in `value` that run whenever it runs (not
+    in a branch of `a if c else b`, of `and`/`or`, in a lambda or a comprehension),
+    outermost ones only, in the order libcst visits them."""
+    found: list[cst.Call] = []
+
+    def visit(node: cst.CSTNode) -> None:
+        if isinstance(node, cst.Call) and _fresh_chain(node) is not None:
+            found.append(node)
+            return
+        if isinstance(
+            node,
+            (
+                cst.IfExp,
+                cst.BooleanOperation,
+                cst.Lambda,
+                cst.ListComp,
+                cst.SetComp,
+                cst.DictComp,
+                cst.GeneratorExp,
+            ),
+        ):
+            return
+        for child in node.children:
+            visit(child)
+
+    visit(value)
+    return found
 
 
 def _fresh_chain(node: cst.BaseExpression) -> list[cst.Call] | None:
@@ -1248,33 +1283,52 @@ def _fresh_chain(node: cst.BaseExpression) -> list[cst.Call] | None:
     return None
 
 
-def _quiet(node: cst.BaseExpression) -> bool:
+def _quiet(node: cst.BaseExpression, rebound: frozenset[str]) -> bool:
     """Whether evaluating `node` can change nothing but the new tensors of its
-    in-place chains: it calls no function by a bare name but a few builtins, no
-    in-place method outside such a chain, and binds no name."""
-    chains = _fresh_chain(node)
-    allowed = {id(link) for link in chains or ()}
+    in-place chains, so that its parts may run in any order: it calls no function by
+    a bare name but a few builtins (not `rebound`), no in-place method outside such
+    a chain, no method that fills a container, and binds no name."""
+    allowed = {
+        id(link)
+        for inner in nodes(node)
+        if isinstance(inner, cst.Call)
+        for link in _fresh_chain(inner) or ()
+    }
     for inner in nodes(node):
         if isinstance(inner, (cst.NamedExpr, cst.Yield, cst.Await)):
             return False
         if not isinstance(inner, cst.Call) or id(inner) in allowed:
             continue
-        if says_inplace(inner):
-            return False
         func = inner.func
-        if isinstance(func, cst.Name) and func.value not in _PURE_BUILTINS:
+        if says_inplace(inner) or not isinstance(func, (cst.Name, cst.Attribute)):
             return False
-        if isinstance(func, cst.Attribute) and opfacts.is_inplace(func.attr.value):
+        if isinstance(func, cst.Name) and (
+            func.value not in _PURE_BUILTINS or func.value in rebound
+        ):
             return False
-        if not isinstance(func, (cst.Name, cst.Attribute)):
+        if isinstance(func, cst.Attribute) and (
+            opfacts.is_inplace(func.attr.value)
+            or func.attr.value in _FILLING
+            or func.attr.value.startswith("__")
+        ):
             return False
     return True
 
 
-#: Builtins that change nothing, which a tuple element beside a chain may call.
+#: Builtins that change nothing, which a statement around a chain may call.
 _PURE_BUILTINS = frozenset(
     {"len", "int", "float", "bool", "abs", "min", "max", "sum", "range", "tuple"}
 )
+#: Methods that change the container they are called on.
+_FILLING = CONTAINER_ADDS | {
+    "pop",
+    "popitem",
+    "remove",
+    "clear",
+    "sort",
+    "reverse",
+    "discard",
+}
 
 #: What an operator's result is called, for the name of a new tensor.
 _OPERATOR_WORDS: Mapping[type[cst.CSTNode], str] = {

@@ -216,6 +216,15 @@ def f(x: torch.Tensor, w: torch.Tensor):
         return d, g * t
     return t * w, backward
 """,
+    # Chains inside the returned expressions, each on its own new tensor.
+    "chains on new tensors inside an expression": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    e = torch.exp(x)
+    def backward(g):
+        one = torch.ones_like(x)
+        return g * w * torch.exp(x).mul_(1.0), (g * torch.exp(x).mul_(one)).sum(0)
+    return e * w, backward
+""",
     "chain on a new tensor in a branch": """
 def f(x: torch.Tensor, w: torch.Tensor):
     t = torch.sigmoid(x)
@@ -343,6 +352,38 @@ def test_backward_inplace_writes_read_as_bindings():
         HEAD + CASES["chain on a new tensor, reading its target"], "m.py", "m"
     )
     assert "sigmoid = torch.sigmoid(x)\n" in text and "d = sigmoid\n" in text
+
+
+NOT_NAMED = {
+    # Only one branch runs the chain: naming it first would run it always.
+    "in a conditional expression": "return g * w * torch.exp(x).mul_(2.0) "
+    "if len(x) > 1 else g, (g * x).sum(0)",
+    # `keep` may change what the chain reads: the order must stay.
+    "beside a call of a function": "return keep(g) * torch.exp(x).mul_(2.0), g",
+    "in a lambda": "return (lambda: torch.exp(x).mul_(g))(), g",
+    "in a comprehension": "return sum([torch.exp(x).mul_(g) for _ in range(1)]), g",
+    # A chain on a name's tensor is judged as a write of that name.
+    "on an item": "d = [g * w]\n        return d[0].mul_(2.0), g",
+}
+
+
+@pytest.mark.parametrize("statement", list(NOT_NAMED.values()), ids=list(NOT_NAMED))
+def test_a_chain_that_may_not_run_first_is_not_named(statement):
+    """A chain is bound to a name only where it runs whenever the statement does,
+    and nothing else in the statement may change what it reads."""
+    from s2sgrad import transform
+
+    source = (
+        HEAD
+        + "def keep(v):\n    return v\n\n\n"
+        + "def f(x: torch.Tensor, w: torch.Tensor):\n"
+        + "    def backward(g):\n"
+        + f"        {statement}\n"
+        + "    return torch.exp(x) * w, backward\n"
+    )
+    text = transform(source, "m.py", "m")
+    assert "exp = torch.exp(x)" not in text
+    assert ".mul_(" in text
 
 
 def test_a_chain_on_a_new_tensor_keeps_its_dtype(tmp_path):
