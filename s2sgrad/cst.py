@@ -538,3 +538,13 @@ def says_inplace(call: cst.Call) -> bool:
         and a.value.value == "True"
         for a in call.args
     )
+
+
+def binds_one_name(statement: object) -> bool:
+    """Whether `statement` is a line that only binds one name: `x = ...`, `x: T =
+    ...`."""
+    assign = sole(statement, cst.Assign)
+    if assign is not None:
+        return assigned_name(assign) is not None
+    annotated = sole(statement, cst.AnnAssign)
+    return annotated is not None and is_name(annotated.target)

@@ -48,6 +48,7 @@ from s2sgrad.lines import line_text
 from s2sgrad.names import NameAllocator
 from s2sgrad.sharing import CONTAINER_ADDS, may_share
 from s2sgrad.values import (
+    CONTAINER_MUTATORS,
     DIFF,
     NUMBER,
     OTHER,
@@ -1067,16 +1068,10 @@ def backward_out_of_place(
         raise TransformError(problems)
     if not bindings:
         return diff
-    statements, replaced = _replacing(body.body, bindings)
-    statement_lines = dict(diff.statement_lines)
-    for new, old in replaced.items():
-        if old in statement_lines:
-            statement_lines[new] = statement_lines[old]
-    return replace(
+    return _with_backward(
         diff,
-        backward=diff.backward.with_changes(body=body.with_changes(body=statements)),
+        *_replacing(body.body, bindings),
         qualified_names={**diff.qualified_names, **qualified},
-        statement_lines=statement_lines,
         backward_rewritten=True,
     )
 
@@ -1113,20 +1108,36 @@ def _named_receivers(diff: Differentiator) -> Differentiator:
             changed[small] = new
     if not changed:
         return diff
-    statements, replaced = _replacing(body.body, changed, own_lines=True)
-    statement_lines = dict(diff.statement_lines)
-    for new_node, old_node in replaced.items():
-        if old_node in statement_lines:
-            statement_lines[new_node] = statement_lines[old_node]
-    return replace(
+    return _with_backward(
         diff,
-        backward=diff.backward.with_changes(body=body.with_changes(body=statements)),
-        statement_lines=statement_lines,
+        *_replacing(body.body, changed, own_lines=True),
         local_names=diff.local_names | set(created),
         backward_locals={
             **diff.backward_locals,
             **{name: tuple(spelled) for name, spelled in created.items()},
         },
+    )
+
+
+def _with_backward(
+    diff: Differentiator,
+    statements: list[cst.BaseStatement],
+    replaced: Mapping[cst.CSTNode, cst.CSTNode],
+    **changes: object,
+) -> Differentiator:
+    """`diff` with backward's body `statements` (from `_replacing`: each new
+    statement keeps the line of the one it replaces) and the other `changes`."""
+    body = diff.backward.body
+    assert isinstance(body, cst.IndentedBlock)
+    statement_lines = dict(diff.statement_lines)
+    for new, old in replaced.items():
+        if old in statement_lines:
+            statement_lines[new] = statement_lines[old]
+    return replace(
+        diff,
+        backward=diff.backward.with_changes(body=body.with_changes(body=statements)),
+        statement_lines=statement_lines,
+        **changes,  # type: ignore[arg-type]
     )
 
 
@@ -1308,7 +1319,7 @@ def _quiet(node: cst.BaseExpression, rebound: frozenset[str]) -> bool:
             return False
         if isinstance(func, cst.Attribute) and (
             opfacts.is_inplace(func.attr.value)
-            or func.attr.value in _FILLING
+            or func.attr.value in CONTAINER_MUTATORS
             or func.attr.value.startswith("__")
         ):
             return False
@@ -1319,16 +1330,6 @@ def _quiet(node: cst.BaseExpression, rebound: frozenset[str]) -> bool:
 _PURE_BUILTINS = frozenset(
     {"len", "int", "float", "bool", "abs", "min", "max", "sum", "range", "tuple"}
 )
-#: Methods that change the container they are called on.
-_FILLING = CONTAINER_ADDS | {
-    "pop",
-    "popitem",
-    "remove",
-    "clear",
-    "sort",
-    "reverse",
-    "discard",
-}
 
 #: What an operator's result is called, for the name of a new tensor.
 _OPERATOR_WORDS: Mapping[type[cst.CSTNode], str] = {

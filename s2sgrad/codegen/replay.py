@@ -20,22 +20,18 @@ import libcst as cst
 
 from s2sgrad.autodiff.inline import bound_names
 from s2sgrad.autodiff.record import Differentiated
-from s2sgrad.cst import assigned_name, findall, is_name, sole, statements
+from s2sgrad.cst import (
+    binds_one_name,
+    findall,
+    is_name,
+    statements,
+)
 from s2sgrad.frontend.model import METADATA_ATTRIBUTES, METADATA_METHODS
 from s2sgrad.lift import Saved
 from s2sgrad.values import SEQ, TENSOR, param_value
 
 #: Attributes and methods of a tensor that give its metadata (`x.shape`, `x.dim()`).
 _METADATA = frozenset({*METADATA_ATTRIBUTES, *METADATA_METHODS})
-
-
-def _plain(statement: cst.BaseStatement) -> bool:
-    """Whether `statement` is a line that only binds one name: `x = ...`, `x: T = ...`."""
-    assign = sole(statement, cst.Assign)
-    if assign is not None:
-        return assigned_name(assign) is not None
-    annotated = sole(statement, cst.AnnAssign)
-    return annotated is not None and is_name(annotated.target)
 
 
 @dataclass(frozen=True)
@@ -110,7 +106,7 @@ def _slice(
         bound = bound_names([statement])
         if not bound & needed:
             if _reads(statement) & needed and (
-                not _plain(statement) or _calls_a_method_of(statement, needed)
+                not binds_one_name(statement) or _calls_a_method_of(statement, needed)
             ):
                 return None  # it may change a value the slice reads (`xs.append`)
             continue
@@ -120,7 +116,7 @@ def _slice(
                 return None
             kept.append(sliced)
             needed |= _reads(sliced)
-        elif _plain(statement):
+        elif binds_one_name(statement):
             kept.append(statement)
             needed -= bound
             needed |= _reads(statement)

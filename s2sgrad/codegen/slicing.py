@@ -17,17 +17,15 @@ from dataclasses import dataclass
 import libcst as cst
 
 from s2sgrad.autodiff.inline import bound_names, names_read
-from s2sgrad.cst import assigned_name, findall, is_name, module, nodes, sole
+from s2sgrad.cst import (
+    binds_one_name,
+    findall,
+    is_name,
+    module,
+    nodes,
+    sole,
+)
 from s2sgrad.values import CONTAINER_MUTATORS
-
-
-def _simple(statement: cst.BaseStatement) -> bool:
-    """Whether `statement` is a line that only binds one name: `x = ...`, `x: T = ...`."""
-    assign = sole(statement, cst.Assign)
-    if assign is not None:
-        return assigned_name(assign) is not None
-    annotated = sole(statement, cst.AnnAssign)
-    return annotated is not None and is_name(annotated.target)
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,7 @@ def slice_closure(
     entries = [e.value for e in ret.value.elements]
     body = list(statements[:-1])
     binds = [bound_names([s]) for s in body]
-    if len(entries) != len(results) or not all(_simple(s) for s in body):
+    if len(entries) != len(results) or not all(binds_one_name(s) for s in body):
         return None
     if sum(len(b) for b in binds) != len(set().union(*binds)):
         return None  # a name bound twice: slices would not be independent
