@@ -1166,7 +1166,7 @@ def _receivers_named(
 ) -> list[cst.BaseSmallStatement] | None:
     """`small` after bindings of the new tensors its in-place chains start from and
     the chains on those names (see `_named_receivers`), or None to keep it."""
-    if isinstance(small, cst.Return):
+    if isinstance(small, (cst.Return, cst.AugAssign)):
         value = small.value
     elif isinstance(small, (cst.Assign, cst.Expr)):
         value = (
@@ -1176,10 +1176,12 @@ def _receivers_named(
         return None
     if value is None:
         return None
+    # `d.mul_(torch.exp(x).add_(1))`: d's one in-place op runs after its operands.
+    last = _links(value) if isinstance(value, cst.Call) else []
     chains: list[cst.BaseExpression]
     if _fresh_chain(value) is not None:
         chains = [value]  # the whole value: its parts run in the order they ran
-    elif _quiet(value, rebound):
+    elif _quiet(value, rebound, last[:1] if len(last) == 1 else ()):
         chains = [*_unconditional_chains(value)]
     else:
         return None
@@ -1219,7 +1221,7 @@ def _receivers_named(
         swapped[found] = spellings[2]
     if not before:
         return None
-    if isinstance(small, cst.Expr) or direct:
+    if direct or isinstance(small, cst.Expr) and value in swapped:
         return before  # the chain's value was dropped, or bound already
     rest = swapped.get(value) or as_expression(value.visit(_Swapping(swapped)))
     return [*before, small.with_changes(value=rest)]
@@ -1294,17 +1296,20 @@ def _fresh_chain(node: cst.BaseExpression) -> list[cst.Call] | None:
     return None
 
 
-def _quiet(node: cst.BaseExpression, rebound: frozenset[str]) -> bool:
+def _quiet(
+    node: cst.BaseExpression, rebound: frozenset[str], last: Sequence[cst.Call] = ()
+) -> bool:
     """Whether evaluating `node` can change nothing but the new tensors of its
-    in-place chains, so that its parts may run in any order: it calls no function by
-    a bare name but a few builtins (not `rebound`), no in-place method outside such
-    a chain, no method that fills a container, and binds no name."""
+    in-place chains, before the calls `last` (which run after everything else), so
+    that those parts may run in any order: it calls no function by a bare name but a
+    few builtins (not `rebound`), no in-place method outside such a chain, no method
+    that fills a container, and binds no name."""
     allowed = {
         id(link)
         for inner in nodes(node)
         if isinstance(inner, cst.Call)
         for link in _fresh_chain(inner) or ()
-    }
+    } | {id(call) for call in last}
     for inner in nodes(node):
         if isinstance(inner, (cst.NamedExpr, cst.Yield, cst.Await)):
             return False
