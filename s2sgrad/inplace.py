@@ -1099,11 +1099,11 @@ def _named_receivers(diff: Differentiator) -> Differentiator:
     names = NameAllocator(
         diff.local_names | set(diff.grad_params) | set(diff.globals_used)
     )
-    rebound = diff.local_names | frozenset(diff.globals_used)
+    once = _bound_once(body)
     created: dict[str, list[cst.Name]] = {}
     changed: dict[cst.BaseSmallStatement, list[cst.BaseSmallStatement]] = {}
     for small in _small_statements(body.body):
-        new = _receivers_named(small, names, created, rebound)
+        new = _receivers_named(small, names, created, diff.qualified_names, once)
         if new is not None:
             changed[small] = new
     if not changed:
@@ -1141,6 +1141,25 @@ def _with_backward(
     )
 
 
+def _bound_once(body: cst.CSTNode) -> frozenset[str]:
+    """The names that exactly one statement of `body` binds."""
+    counts: dict[str, int] = {}
+    for node in nodes(body):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr)):
+            targets = [node.target]
+        elif isinstance(node, cst.AsName):
+            targets = [as_expression(node.name)]
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            targets = [node.name]
+        for target in targets:
+            for name in bound_target(target):
+                counts[name] = counts.get(name, 0) + 1
+    return frozenset(name for name, count in counts.items() if count == 1)
+
+
 def _small_statements(
     statements: Sequence[cst.BaseStatement],
 ) -> list[cst.BaseSmallStatement]:
@@ -1162,7 +1181,8 @@ def _receivers_named(
     small: cst.BaseSmallStatement,
     names: NameAllocator,
     created: dict[str, list[cst.Name]],
-    rebound: frozenset[str],
+    qualified: Mapping[cst.CSTNode, str],
+    once: frozenset[str],
 ) -> list[cst.BaseSmallStatement] | None:
     """`small` after bindings of the new tensors its in-place chains start from and
     the chains on those names (see `_named_receivers`), or None to keep it."""
@@ -1181,7 +1201,7 @@ def _receivers_named(
     chains: list[cst.BaseExpression]
     if _fresh_chain(value) is not None:
         chains = [value]  # the whole value: its parts run in the order they ran
-    elif _quiet(value, rebound, last[:1] if len(last) == 1 else ()):
+    elif _quiet(value, qualified, last[:1] if len(last) == 1 else ()):
         chains = [*_unconditional_chains(value)]
     else:
         return None
@@ -1197,6 +1217,9 @@ def _receivers_named(
         if (
             is_name(target)
             and found is value
+            # bound here only: where other bindings may reach its reads (a branch
+            # binding `gx = g`), the judges would take it for that value
+            and target.value in once
             and not any(
                 is_name(n, target.value)
                 for link in links
@@ -1297,12 +1320,14 @@ def _fresh_chain(node: cst.BaseExpression) -> list[cst.Call] | None:
 
 
 def _quiet(
-    node: cst.BaseExpression, rebound: frozenset[str], last: Sequence[cst.Call] = ()
+    node: cst.BaseExpression,
+    qualified: Mapping[cst.CSTNode, str],
+    last: Sequence[cst.Call] = (),
 ) -> bool:
     """Whether evaluating `node` can change nothing but the new tensors of its
     in-place chains, before the calls `last` (which run after everything else), so
     that those parts may run in any order: it calls no function by a bare name but a
-    few builtins (not `rebound`), no in-place method outside such a chain, no method
+    few builtins (by their qualified names: not rebound), no in-place method outside such a chain, no method
     that fills a container, and binds no name."""
     allowed = {
         id(link)
@@ -1319,7 +1344,8 @@ def _quiet(
         if says_inplace(inner) or not isinstance(func, (cst.Name, cst.Attribute)):
             return False
         if isinstance(func, cst.Name) and (
-            func.value not in _PURE_BUILTINS or func.value in rebound
+            func.value not in _PURE_BUILTINS
+            or qualified.get(func) != f"builtins.{func.value}"
         ):
             return False
         if isinstance(func, cst.Attribute) and (

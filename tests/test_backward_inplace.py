@@ -237,6 +237,27 @@ def f(x: torch.Tensor, w: torch.Tensor):
         return gx, gw
     return e * w, backward
 """,
+    # `gx` is the incoming gradient on the other branch: the chain gets a name of
+    # its own, and `gx` is bound to it (an outside probe found it refused).
+    "chain on a new tensor bound where a branch binds the gradient": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        if x.numel() < 0:
+            gx = g
+        else:
+            gx = torch.exp(x).mul_(g).mul_(w)
+        return gx, g * torch.exp(x)
+    return torch.exp(x) * w, backward
+""",
+    # Builtins beside the chain change nothing (an outside probe found it kept).
+    "chain on a new tensor beside builtins": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    def backward(g):
+        return torch.exp(x).mul_(g * w) * len(x) / max(3, 1), (
+            g * torch.exp(x) * len(x) / 3
+        ).sum(0)
+    return torch.exp(x) * w * len(x) / 3, backward
+""",
     "chain on a new tensor in a branch": """
 def f(x: torch.Tensor, w: torch.Tensor):
     t = torch.sigmoid(x)
@@ -372,6 +393,9 @@ NOT_NAMED = {
     "if len(x) > 1 else g, (g * x).sum(0)",
     # `keep` may change what the chain reads: the order must stay.
     "beside a call of a function": "return keep(g) * torch.exp(x).mul_(2.0), g",
+    # `len` is the user's here, and may change anything.
+    "beside a builtin's name rebound": "len = keep\n        "
+    "return torch.exp(x).mul_(2.0) * len(g), g",
     # `add_` changes `d` before the operand is read: the order must stay.
     "in an operand of a chain of writes": "d = g * w\n        "
     "d.mul_(2.0).add_(torch.exp(d).mul_(2.0))\n        return d, g",
