@@ -1068,12 +1068,18 @@ def backward_out_of_place(
         raise TransformError(problems)
     if not bindings:
         return diff
-    return _with_backward(
+    rewritten = _with_backward(
         diff,
         *_replacing(body.body, bindings),
         qualified_names={**diff.qualified_names, **qualified},
         backward_rewritten=True,
     )
+    if _named_receivers(rewritten) is not rewritten:
+        # A chain in an operand of a chain written out of place
+        # (`torch.ones_like(x).sub_(torch.tanh(x).pow_(2))`) can be named now: each
+        # round names and rewrites one level of such chains.
+        return backward_out_of_place(rewritten, values, facts, path, lines)
+    return rewritten
 
 
 def _named_receivers(diff: Differentiator) -> Differentiator:

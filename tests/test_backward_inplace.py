@@ -258,6 +258,16 @@ def f(x: torch.Tensor, w: torch.Tensor):
         ).sum(0)
     return torch.exp(x) * w * len(x) / 3, backward
 """,
+    # A chain in an operand of a chain: named once the outer one is out of place.
+    "chains on new tensors nested": """
+def f(x: torch.Tensor, w: torch.Tensor):
+    t = torch.tanh(x)
+    def backward(g):
+        gx = torch.ones_like(x).sub_(torch.tanh(x).pow_(2)).mul_(g * w)
+        gx *= torch.sigmoid(x).mul_(torch.sigmoid(x).neg_().add_(1)).mul_(0.0).sub_(-1)
+        return gx, g * t
+    return t * w, backward
+""",
     "chain on a new tensor in a branch": """
 def f(x: torch.Tensor, w: torch.Tensor):
     t = torch.sigmoid(x)
