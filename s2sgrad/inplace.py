@@ -979,7 +979,28 @@ def backward_out_of_place(
     """
     if not isinstance(diff.backward.body, cst.IndentedBlock):
         return diff
-    diff = _named_receivers(diff)
+    # A chain in an operand of a chain written out of place
+    # (`torch.ones_like(x).sub_(torch.tanh(x).pow_(2))`) can be named once the outer
+    # one is: each round names and rewrites one level of such chains.
+    named = _named_receivers(diff)
+    while True:
+        rewritten = _rewritten(named, values, facts, path, lines)
+        if rewritten is named:
+            return rewritten
+        named = _named_receivers(rewritten)
+        if named is rewritten:
+            return rewritten
+
+
+def _rewritten(
+    diff: Differentiator,
+    values: Mapping[str, Value],
+    facts: ModuleFacts,
+    path: str,
+    lines: Sequence[str],
+) -> Differentiator:
+    """One round of `backward_out_of_place` on a backward whose chains on new
+    tensors are named: `diff` itself where nothing is rewritten."""
     body = diff.backward.body
     assert isinstance(body, cst.IndentedBlock)
     # Backward's own names: what it binds (a name forward binds too is backward's
@@ -1068,18 +1089,12 @@ def backward_out_of_place(
         raise TransformError(problems)
     if not bindings:
         return diff
-    rewritten = _with_backward(
+    return _with_backward(
         diff,
         *_replacing(body.body, bindings),
         qualified_names={**diff.qualified_names, **qualified},
         backward_rewritten=True,
     )
-    if _named_receivers(rewritten) is not rewritten:
-        # A chain in an operand of a chain written out of place
-        # (`torch.ones_like(x).sub_(torch.tanh(x).pow_(2))`) can be named now: each
-        # round names and rewrites one level of such chains.
-        return backward_out_of_place(rewritten, values, facts, path, lines)
-    return rewritten
 
 
 def _named_receivers(diff: Differentiator) -> Differentiator:
@@ -1108,7 +1123,7 @@ def _named_receivers(diff: Differentiator) -> Differentiator:
     once = _bound_once(body)
     created: dict[str, list[cst.Name]] = {}
     changed: dict[cst.BaseSmallStatement, list[cst.BaseSmallStatement]] = {}
-    for small in _small_statements(body.body):
+    for _, small in _small_statements(body.body):
         new = _receivers_named(small, names, created, diff.qualified_names, once)
         if new is not None:
             changed[small] = new
@@ -1168,15 +1183,15 @@ def _bound_once(body: cst.CSTNode) -> frozenset[str]:
 
 def _small_statements(
     statements: Sequence[cst.BaseStatement],
-) -> list[cst.BaseSmallStatement]:
-    """The small statements in `statements` and the blocks inside them, as
-    `_backward_writes` looks for writes (nested functions aside)."""
-    found: list[cst.BaseSmallStatement] = []
+) -> list[tuple[cst.SimpleStatementLine, cst.BaseSmallStatement]]:
+    """The small statements in `statements` and the blocks inside them, each with its
+    line (nested functions are not looked into)."""
+    found: list[tuple[cst.SimpleStatementLine, cst.BaseSmallStatement]] = []
     for statement in statements:
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             continue
         if isinstance(statement, cst.SimpleStatementLine):
-            found += statement.body
+            found += [(statement, small) for small in statement.body]
             continue
         for block in _blocks(statement):
             found += _small_statements(block)
@@ -1547,18 +1562,11 @@ def _backward_writes(
     in-place torch function on it, an item store into it, an augmented assignment.
     Nested functions are not looked into."""
     found: list[_BackwardWrite] = []
-    for statement in statements:
-        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-            continue
-        if isinstance(statement, cst.SimpleStatementLine):
-            line = diff.statement_lines.get(statement, diff.backward_line)
-            for small in statement.body:
-                write = _backward_write(small, diff, line)
-                if write is not None:
-                    found.append(write)
-            continue
-        for block in _blocks(statement):
-            found += _backward_writes(block, diff)
+    for statement, small in _small_statements(statements):
+        line = diff.statement_lines.get(statement, diff.backward_line)
+        write = _backward_write(small, diff, line)
+        if write is not None:
+            found.append(write)
     return found
 
 
