@@ -744,9 +744,45 @@ def _surely_tensor(
     kinds, a tensor among them.)"""
     if not isinstance(target, cst.Name):
         return False
-    name = target.value
+    return _every_binding(
+        statements,
+        target.value,
+        values,
+        diff,
+        lambda value: TENSOR in value.kinds and value.kinds <= kinds,
+        lambda value: bool(value.kinds) and value.kinds <= kinds,
+    )
+
+
+def _surely_list(
+    statements: Sequence[cst.BaseStatement],
+    name: str,
+    values: Mapping[str, Value],
+    diff: Differentiator,
+) -> bool:
+    """Whether `name` holds a list, a dict (or a tuple) wherever it is bound: then
+    `name[i] = v` replaces an element (or raises) and never changes a tensor the
+    container holds, though one may be an incoming gradient (`grads = [grad,
+    grad]`)."""
+
+    def container(value: Value) -> bool:
+        return value.kinds == {SEQ} and value.form in ("list", "dict", "tuple")
+
+    return _every_binding(statements, name, values, diff, container, container)
+
+
+def _every_binding(
+    statements: Sequence[cst.BaseStatement],
+    name: str,
+    values: Mapping[str, Value],
+    diff: Differentiator,
+    at_end: Callable[[Value], bool],
+    bound_to: Callable[[Value], bool],
+) -> bool:
+    """Whether `name`'s value in `values` passes `at_end` and every binding of it in
+    `statements` is `name = value` of a value that passes `bound_to`."""
     value = values.get(name)
-    if value is None or TENSOR not in value.kinds or not value.kinds <= kinds:
+    if value is None or not at_end(value):
         return False
     evaluator = Evaluator(diff.qualified_names, dict(values))
     for statement in statements:
@@ -756,8 +792,7 @@ def _surely_tensor(
             if isinstance(node, cst.Assign) and name in bound(node):
                 if not is_name(sole_target(node), name):  # not `name = ...` alone
                     return False
-                found = evaluator.expr(node.value).kinds
-                if not found or not found <= kinds:
+                if not bound_to(evaluator.expr(node.value)):
                     return False
             elif name in _bound_by(node):
                 return False
@@ -1065,7 +1100,7 @@ def _rewritten(
         shares = id(write.node) in sharing.at or may_alias_at(
             inside, write.name, write.node, aliases
         )
-        if shares and write.name in incoming:
+        if shares and write.name in incoming and not escapes.replaces_item(write):
             problems.append(_changes_incoming(write, incoming[write.name], path, lines))
             continue
         if dynamic or grad_mode or id(write.small) in guarded:
@@ -1886,6 +1921,15 @@ class _Escapes:
                 self.statements, cst.Name(name), self.values, self.diff, kinds
             )
         return self._tensors[key]
+
+    def replaces_item(self, write: _BackwardWrite) -> bool:
+        """Whether `write` is `name[i] = v` into a list or a dict, which changes no
+        tensor (`name[i] += v` adds to the element in place)."""
+        return (
+            write.kind == "store"
+            and isinstance(write.small, cst.Assign)
+            and _surely_list(self.statements, write.name, self.values, self.diff)
+        )
 
     def _into_tensor(self, target: cst.BaseExpression) -> bool:
         """Whether `target` is `t[...]` of a name that holds a tensor only."""

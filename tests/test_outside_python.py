@@ -985,3 +985,71 @@ def f(x, w):
     from s2sgrad import transform
 
     transform(cloned, "m.py", "m")
+
+
+ITEMS_REPLACED = {
+    "gradient in a list": "out = [g, g]\n        out[0] = torch.exp(x).mul_(g * w)\n"
+    "        out[1] = g * u",
+    "gradient in a dict": "d = {'x': g, 'w': g}\n        d['x'] = g * w * u\n"
+    "        d['w'] = d['w'] * u\n        out = [d['x'], d['w']]",
+    "view in a list": "out = [g[:], g]\n        out[0] = g * w * u\n"
+    "        out[1] = out[1] * u",
+    "tuple made a list": "out = (g, g)\n        out = list(out)\n"
+    "        out[0] = g * w * u\n        out[1] = g * u",
+    "captured value in a list": "out = [u, u]\n        out[0] = g * w * u\n"
+    "        out[1] = g * out[1]",
+}
+
+
+@pytest.mark.parametrize("case", sorted(ITEMS_REPLACED))
+def test_an_item_replaced_in_a_list_holding_a_gradient_converts(tmp_path, case):
+    """An outside probe: `out = [g, g]; out[0] = ...` replaces an element of the
+    list and changes no tensor, but was refused (S2S103) as if it changed the
+    incoming gradient `g` (or the captured `u`). The (4,) weight's gradient is
+    returned unreduced, broadcast against x."""
+    source = HEAD + f"""
+def f(x, w):
+    u = torch.exp(x)
+    def backward(g):
+        {ITEMS_REPLACED[case]}
+        return out[0], out[1]
+    return u * w, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "items_replaced")
+    for needs in ([True, True], [True, False], [False, True]):
+        _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)
+
+
+THROUGH_AN_ITEM = {
+    # Converted; its order 2 failed torch's version check (`g` changed).
+    "gradient's item stored": (
+        "    def backward(g):\n        out = [g, g * 1]\n"
+        "        out[0][:] = g * w * u\n        return out[0], out[1] * u\n",
+        8,
+        "`out[0][:] = ...` changes the incoming gradient `g` in place",
+    ),
+    # Converted and changed the caller's `x` through a view of it.
+    "input's chunk added to": (
+        "    parts = list(x.chunk(2, dim=1))\n    parts[0] += 1.0\n"
+        "    def backward(g):\n        return g * w * u, g * u\n",
+        7,
+        "`parts[0] += ...` changes the input `x` in place",
+    ),
+    "captured value's item added to": (
+        "    def backward(g):\n        out = [u * 1, u]\n"
+        "        out[1] += 0.0\n        return g * w * u, g * out[1]\n",
+        8,
+        "`out[1] += ...` changes the captured value `u` in place",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(THROUGH_AN_ITEM))
+def test_a_write_through_an_item_of_a_list_holding_a_tensor_is_refused(case):
+    """Beside the replaced items above: a write below an item (`out[0][:] = v`), or
+    `out[0] += v` (the element's `__iadd__`), changes the tensor the list holds."""
+    body, line, said = THROUGH_AN_ITEM[case]
+    source = HEAD + "def f(x, w):\n    u = torch.exp(x)\n" + body
+    source += "    return u * w, backward\n"
+    first = _refused(source)
+    assert (first.code, first.line) == ("S2S103", line) and said in first.message

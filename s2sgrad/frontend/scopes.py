@@ -491,11 +491,11 @@ class ScopeAnalysis:
                 # `ys = xs; ys.append(y)` changes the input `xs`.
                 hit = replace(hit, name=renamed.get(hit.name, hit.name))
             elif not hit.in_backward and hit.kind != "del" and hit.name in views:
-                # `z = x.detach(); z.mul_(2)` changes the input `x`; so does
-                # `parts = x.chunk(2); parts[0].mul_(2)`, but not `parts[0] = v`,
-                # which changes the tuple.
+                # `z = x.detach(); z.mul_(2)` changes the input `x`; so do
+                # `parts = x.chunk(2); parts[0].mul_(2)` and `parts[0] += 1`, but
+                # not `parts[0] = v`, which changes the list.
                 owner, holder = views[hit.name]
-                if not holder or hit.depth >= (2 if hit.kind == "store" else 1):
+                if not holder or hit.reaches_held():
                     hit = replace(hit, name=owner)
             if hit.in_backward or hit.kind == "del":
                 if hit.name not in captured:
@@ -582,11 +582,22 @@ class ScopeAnalysis:
             for t in (x.target for x in a.targets)
             if isinstance(t, cst.Name)
         }
+        # `out = [g, g]; out[0][:] = 0` changes `g` through the list: a store
+        # below an item (inplace.py judges the writes to names and their items).
+        views = _input_views(backward, incoming, self._qualified)
         found = []
         for hit in hits:
-            if hit.in_backward and hit.name in incoming and hit.kind != "container":
-                message, hint = _describe(hit, f"the incoming gradient `{hit.name}`")
-                found.append(self.loc.error("S2S103", hit.node, message, hint))
+            if not hit.in_backward or hit.kind == "container":
+                continue
+            if hit.name in incoming:
+                gradient = hit.name
+            elif hit.name in views and hit.kind == "store" and hit.depth >= 2:
+                gradient = views[hit.name][0]
+            else:
+                continue
+            named = replace(hit, name=gradient)
+            message, hint = _describe(named, f"the incoming gradient `{gradient}`")
+            found.append(self.loc.error("S2S103", hit.node, message, hint))
         inside = set(nodes(backward))
         for aug in augmented:
             target = aug.target
@@ -806,14 +817,15 @@ def _through_backward_aliases(
     then finds changed, a RuntimeError at call time."""
     shared: dict[str, str] = {}
     #: Names bound to a new container that holds a captured value (`hs = [u]`):
-    #: `hs.append(g)` changes the list, not `u`.
+    #: `hs.append(g)` and `hs[0] = g` change the list, not `u`.
     holders: set[str] = set()
-    # `for a in [u]:` makes `a` u itself.
-    assigns: list[tuple[list[cst.BaseExpression], cst.BaseExpression]] = [
+    # Each binding, and whether a display bound there makes a holder: `for a in
+    # [u]:` makes `a` u itself.
+    assigns: list[tuple[list[cst.BaseExpression], cst.BaseExpression, bool]] = [
         (
-            ([t.target for t in a.targets], a.value)
+            ([t.target for t in a.targets], a.value, True)
             if isinstance(a, cst.Assign)
-            else ([a.target], a.iter)
+            else ([a.target], a.iter, False)
         )
         for a in findall(backward.body, (cst.Assign, cst.For))
         if isinstance(a, (cst.Assign, cst.For))
@@ -823,10 +835,10 @@ def _through_backward_aliases(
         assert isinstance(call.func, cst.Attribute)
         if call.func.attr.value in CONTAINER_ADDS:
             held = cst.Tuple([cst.Element(a.value) for a in call.args])
-            assigns.append(([call.func.value], held))
+            assigns.append(([call.func.value], held, True))
     for _ in range(len(assigns) + 1):
         grown = False
-        for targets, value in assigns:
+        for targets, value, holds in assigns:
             for target in targets:
                 for name, part in _paired(target, value):
                     if name in shared or name in captured:
@@ -841,7 +853,7 @@ def _through_backward_aliases(
                     )
                     if owner is not None:
                         shared[name] = owner
-                        if isinstance(part, _DISPLAYS):
+                        if holds and isinstance(part, _DISPLAYS):
                             holders.add(name)  # a new list holding `u`, not `u`
                         grown = True
         if not grown:
@@ -852,7 +864,7 @@ def _through_backward_aliases(
             if hit.in_backward
             and hit.kind != "del"
             and hit.name in shared
-            and not (hit.kind == "container" and hit.name in holders)
+            and not (hit.name in holders and not hit.reaches_held())
             else hit
         )
         for hit in hits
@@ -1108,6 +1120,13 @@ class _Hit:
     #: How many subscripts, attributes and views the write goes through to its
     #: variable: 0 for `t.add_()`, 1 for `t[0] = 0` and `keep[0].mul_()`.
     depth: int = 0
+    #: A store `t[0] op= v`, which changes the value `t[0]` holds in place first.
+    augmented: bool = False
+
+    def reaches_held(self) -> bool:
+        """Whether the write changes a tensor its variable holds as an element (`hs
+        = [x]`): `hs[0].mul_(2)` and `hs[0] += 1` do, `hs[0] = v` replaces it."""
+        return self.depth >= (2 if self.kind == "store" and not self.augmented else 1)
 
 
 #: Methods that change a list, dict or set in place (tensors have none of them).
@@ -1232,11 +1251,12 @@ class _MutationFinder(cst.CSTVisitor):
         target: cst.BaseExpression,
         kind: str,
         code: str | None = None,
+        augmented: bool = False,
     ) -> None:
         shown = code if code is not None else _code(target)
+        inside = self.depth_in_backward > 0
         for base, depth in _bases(target, self.qualified):
-            hit = _Hit(node, base, self.depth_in_backward > 0, kind, shown)
-            self.hits.append(replace(hit, depth=depth))
+            self.hits.append(_Hit(node, base, inside, kind, shown, depth, augmented))
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -1334,7 +1354,7 @@ class _MutationFinder(cst.CSTVisitor):
         if isinstance(node.target, (cst.Subscript, cst.Attribute)):
             op = _code(node.operator).strip()
             code = f"{_code(node.target)} {op} ..."
-            self._hit(node.target, node.target, "store", code)
+            self._hit(node.target, node.target, "store", code, augmented=True)
 
     def visit_Del(self, node: cst.Del) -> None:
         for element in _flatten(node.target):
