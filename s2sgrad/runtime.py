@@ -284,9 +284,13 @@ _function_apply: Any = getattr(
 )
 _JVP = "s2sgrad jvp"  # the ctx attribute of forward mode, no name of the user's
 _SAVED = "s2sgrad saved count"  # how many of forward mode's saved tensors are its own
+_DUAL = "s2sgrad dual"  # policy=first-order: an input carried a tangent (_dual_inputs)
 #: Set while torch.func or forward mode differentiates the op: its Function's forward
 #: sees the inputs without their `requires_grad`, so `_requires_grad` answers for them.
 _differentiating = contextvars.ContextVar("s2sgrad differentiating", default=False)
+#: Set while a first-order op runs on inputs that carry forward-mode tangents, which
+#: its setup_context sees stripped: its backward must refuse forward mode then.
+_dual_inputs = contextvars.ContextVar("s2sgrad dual inputs", default=False)
 _unpack_dual: Any = forward_ad.unpack_dual
 _make_dual: Any = forward_ad.make_dual
 
@@ -324,11 +328,18 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
                 return _base_apply.__get__(None, function)(*_unwrap(args))
             return _torch_apply(_with_jvp(function), *args)  # backward as forward ran
         token = _differentiating.set(True)
+        # policy=first-order: what backward saves comes back without the inputs'
+        # tangents, so forward mode through backward (a Hessian-vector product) is
+        # seen by the inputs' alone.
+        tensors = [a for a in args if isinstance(a, Tensor)]
+        first_order = "first_order" in vars(function.backward)
+        dual_token = _dual_inputs.set(first_order and _forward_mode_through(tensors))
         try:
             if transforms and _jvp_over_jvp(function):
                 return _peeled(function, args)
             return _torch_apply(_with_jvp(function), *args)
         finally:
+            _dual_inputs.reset(dual_token)
             _differentiating.reset(token)
     except (TypeError, AttributeError, AssertionError) as error:
         # AssertionError: torch's own `save_for_forward` check, under torch.func,
@@ -507,6 +518,8 @@ def _with_jvp(function: type[torch.autograd.Function]) -> Any:
         # its refusal on (see `jvp`).
         edges = [x for x in inputs if isinstance(x, Tensor) and x.requires_grad]
         ctx.save_for_forward(*saved, *(edges if refusal else ()))
+        if refusal is not None:
+            setattr(ctx, _DUAL, _dual_inputs.get())
         setattr(ctx, _JVP, _layout(inputs, output))
         setattr(ctx, _SAVED, len(saved))
 
@@ -660,7 +673,8 @@ class _FirstOrder:
             saved = ctx.saved_tensors
             tensors = [g for g in grads if isinstance(g, Tensor)]
             tensors += [t for t in saved if t is not None]
-            if _forward_mode_through(tensors):
+            dual = getattr(ctx, _DUAL, False) and forward_ad._current_level >= 0
+            if dual or _forward_mode_through(tensors):
                 raise RuntimeError(message)
             with torch.no_grad():
                 found = backward(_Unpacked(ctx, saved), *grads)

@@ -241,23 +241,40 @@ def test_first_order_policy_refuses_every_second_order_use(first_order, use):
         thunk()
 
 
-@pytest.mark.parametrize("use", ["double backward", "gradient penalty"])
+@pytest.mark.parametrize(
+    "use",
+    [
+        "double backward",
+        "gradient penalty",
+        "forward_ad over reverse",
+        "forward_ad over reverse, create_graph",
+    ],
+)
 def test_first_order_refuses_where_nothing_backward_reads_requires_grad(
     first_order, use
 ):
     """logsumexp's backward reads `e` and `s` only, saved without grad: the gradient it
     returned under `create_graph=True` was a constant, and a gradient penalty silently
     lost its second-order term (off by 0.14). There is no edge to hang the refusal on,
-    so the backward itself refuses."""
+    so the backward itself refuses. Under forward mode (an outside probe) the
+    gradient came back without a tangent, silently zero: `e` and `s` carry none,
+    and the dual input is not saved."""
     op = first_order["logsumexp"]
     x = torch.randn(3, 4, dtype=F64, requires_grad=True)
     with pytest.raises(
         RuntimeError, match="`logsumexp` was converted with policy=first-order"
     ):
-        out = op(x)
-        (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
-        loss = (g**2).sum() if use == "double backward" else out.sum() + (g**2).sum()
-        torch.autograd.grad(loss, x)
+        if use.startswith("forward_ad"):
+            with fwAD.dual_level():
+                dual = fwAD.make_dual(x, torch.randn_like(x))
+                out = op(dual)
+                graph = use.endswith("create_graph")
+                torch.autograd.grad(out.sum(), dual, create_graph=graph)
+        else:
+            out = op(x)
+            (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+            loss = (g**2).sum()
+            torch.autograd.grad(loss if use == "double backward" else out.sum() + loss, x)
     (g,) = torch.autograd.grad(op(x).sum(), x)  # a first derivative still works
     torch.testing.assert_close(g, torch.softmax(x, -1).detach())
 
