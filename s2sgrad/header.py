@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 #: Bumped only when the generated text changes for the same input.
-FORMAT_VERSION = 42
+FORMAT_VERSION = 43
 HASH_MARK = "# s2sgrad-source-sha256: "
 FORMAT_MARK = "# s2sgrad-format: "
 #: The header is this many lines, then the body.

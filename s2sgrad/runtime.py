@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 #: The formats of generated code this runtime serves (s2sgrad/header.py writes them).
-FORMATS = range(9, 43)
+FORMATS = range(9, 44)
 
 Context = tuple[Any, ...]  # what f_forward hands to f_backward
 Grad = Tensor | None  # None stands for a gradient of zeros
@@ -357,6 +357,14 @@ def _requires_grad(tensor: Tensor) -> bool:
     """`tensor.requires_grad`, as forward reads a parameter's: also True for a
     floating-point tensor while torch.func or forward mode differentiates the op."""
     return tensor.requires_grad or (_differentiating.get() and _differentiable(tensor))
+
+
+def _no_tangents() -> Any:
+    """Stop forward-mode tangents where a grad-off block of backward's code stops
+    gradients (`with torch.no_grad(), _no_tangents():`): reverse mode reads what the
+    block computes as a constant, and forward mode through backward (`jacfwd` over
+    `jacrev`) must too, where `torch.no_grad()` alone stops no tangent."""
+    return forward_ad._set_fwd_grad_enabled(False)
 
 
 def _number_for_tensor(function: Any, args: tuple[Any, ...], error: Exception) -> None:

@@ -367,3 +367,66 @@ def test_first_order_forward_mode_of_inputs_that_require_grad(first_order, name)
         tangent = fwAD.unpack_dual((out**2).sum()).tangent
     with pytest.raises(RuntimeError, match=f"`{name}` was converted with policy="):
         torch.autograd.grad(tangent, x)
+
+
+GRAD_OFF = """
+import torch
+
+
+def centered(x: torch.Tensor, w: torch.Tensor):
+    \"\"\"The mean is a constant to backward: forward computes it under no_grad.\"\"\"
+    with torch.no_grad():
+        mu = x.mean(0)
+    y = torch.sin(x - mu) * w
+    def backward(g):
+        return g * torch.cos(x - mu) * w, (g * torch.sin(x - mu)).sum(0)
+    return y, backward
+
+
+def scaled(x: torch.Tensor, w: torch.Tensor):
+    \"\"\"A scale computed with grad mode set off, read by backward.\"\"\"
+    z = x * w
+    with torch.set_grad_enabled(False):
+        scale = z.abs().amax() + 1.0
+    def backward(g):
+        gz = g * torch.cos(z / scale) / scale
+        return gz * w, (gz * x).sum(0)
+    return torch.sin(z / scale), backward
+
+
+def frozen_slope(x: torch.Tensor, w: torch.Tensor):
+    \"\"\"Backward's own block: the slope it reads is a constant to a double backward.\"\"\"
+    def backward(g):
+        with torch.no_grad():
+            slope = torch.cos(x * w)
+        return g * slope * w, (g * slope * x).sum(0)
+    return torch.sin(x * w), backward
+"""
+
+
+@pytest.mark.parametrize("name", ["centered", "scaled", "frozen_slope"])
+def test_a_grad_off_block_is_a_constant_to_forward_mode_through_backward(name):
+    """An outside probe: a temporary computed under `torch.no_grad()` and recomputed
+    in backward is a constant to a double backward, but `torch.no_grad()` stops no
+    forward-mode tangent: `hessian` (jacfwd over jacrev) and the `jvp` of a gradient
+    answered another second derivative than `jacrev(jacrev(...))` (off by 0.35).
+    The generated block stops tangents too (`_no_tangents()`). The (4,) weight is
+    broadcast against the rows of x."""
+    namespace: dict[str, Any] = {"__name__": "grad_off_grad"}
+    exec(compile(transform(GRAD_OFF, "grad_off.py"), "grad_off_grad.py", "exec"), namespace)
+    op = namespace[name]
+    x, w = _inputs()
+    both = (0, 1)
+
+    def loss(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (op(x, w) * x.sin()).sum()
+
+    reverse = jacrev(jacrev(loss, argnums=both), argnums=both)(x, w)
+    for a, b in zip(_flat(hessian(loss, argnums=both)(x, w)), _flat(reverse), strict=True):
+        _close(a, b, "hessian (forward over reverse) == reverse over reverse")
+    t = torch.randn_like(x)
+    xs = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(loss(xs, w), xs, create_graph=True)
+    (reverse_hvp,) = torch.autograd.grad((g * t).sum(), xs)
+    _, forward_hvp = jvp(torch.func.grad(lambda v: loss(v, w)), (x,), (t,))
+    _close(forward_hvp, reverse_hvp, "jvp of the gradient == double backward")

@@ -336,6 +336,7 @@ def _check_generated(program: Program) -> None:
 
     # Forward mode: the op's tangents are the closure forward's, under forward_ad.
     check_forward_mode(program, closure, op, args, kwargs, tensors)
+    check_forward_over_reverse(program, op, args, kwargs, tensors)
 
 
 def check_forward_mode(program, closure, op, args, kwargs, tensors) -> None:
@@ -364,6 +365,46 @@ def check_forward_mode(program, closure, op, args, kwargs, tensors) -> None:
         else:
             assert a is not None, f"tangent of output {i}: got none"
             close(a, b, f"tangent of output {i}")
+
+
+def check_forward_over_reverse(program, op, args, kwargs, tensors) -> None:
+    """The op's second derivative by forward mode over reverse (a Hessian-vector
+    product as `hessian` and `jvp(grad(f))` take it) equals its reverse-over-reverse
+    one, which the orders above compare with autograd of the closure's forward
+    (DESIGN.md section 10: one derivative in every mode). Those orders are all
+    reverse mode, so a value forward mode saw differently, a `torch.no_grad()`
+    block recomputed in backward (no tangent stopped there), went unseen. Where
+    backward runs the user's own closure through a helper of the source module
+    (`inner_vjp`), its grad-off block is the user's code, run as torch runs it."""
+    if not tensors or program.module_name and "no_grad()" in program.source:
+        return
+    tangents = program.weights([tuple(t.shape) for t in tensors], salt=13)
+
+    def first(replacement: dict[int, Any], wrt: list[torch.Tensor]) -> list[Any]:
+        call = op(
+            *substitute(list(args), replacement),
+            **substitute(dict(kwargs), replacement),
+        )
+        outs = outputs_of(program, call)
+        return gradients(_weighted(loss_pieces(program, outs), program, salt=1), wrt)
+
+    leaves_ = [t.detach().requires_grad_() for t in tensors]
+    grads_ = first({id(t): v for t, v in zip(tensors, leaves_, strict=True)}, leaves_)
+    dot = sum(((g * t).sum() for g, t in zip(grads_, tangents, strict=True)), 0.0)
+    expected = gradients(dot, leaves_)
+    with fwAD.dual_level():
+        duals = [
+            fwAD.make_dual(t.detach().requires_grad_(), v)
+            for t, v in zip(tensors, tangents, strict=True)
+        ]
+        pairs = zip(tensors, duals, strict=True)
+        found = [
+            fwAD.unpack_dual(g).tangent
+            for g in first({id(t): d for t, d in pairs}, duals)
+        ]
+    for i, (a, b) in enumerate(zip(found, expected, strict=True)):
+        what = f"forward-over-reverse second derivative {i}"
+        close(torch.zeros_like(b) if a is None else a, b, what)
 
 
 def reverse_tangents(

@@ -399,6 +399,7 @@ _SHADOWED = frozenset(
         "_reduce",
         "_apply",
         "_requires_grad",
+        "_no_tangents",
         "_save",
         "_saved",
         SETITEM_NAME,

@@ -19,12 +19,16 @@ from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.function import function_class, op_def
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
 from s2sgrad.cst import DepthTransformer, as_statement, bound, nodes
+from s2sgrad.frontend.model import Differentiator
+from s2sgrad.lift import grad_off
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Compile
 from s2sgrad.values import writes
 
 #: The runtime's reading of a parameter's `.requires_grad` in forward.
 REQUIRES_GRAD = "_requires_grad"
+#: The runtime's context manager that stops forward-mode tangents.
+NO_TANGENTS = "_no_tangents"
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -72,6 +76,10 @@ def emit(
         *([recompute_def(record, recompute, path)] if recompute else []),
         backward_def(record, names, path, body),
     ]
+    # Backward runs these; forward too where another backward calls its closure.
+    stopped = _TangentsStopped(record.source)
+    first = 0 if closure_called else 1
+    definitions[first:] = [as_statement(d.visit(stopped)) for d in definitions[first:]]
     called = set(siblings) & set(record.source.globals_used)
     if called:
         rename = _SiblingCalls({s: Names.of(s) for s in called})
@@ -138,6 +146,29 @@ def emit(
         ),
         op_def(record, names, path, literals),
     ]
+
+
+class _TangentsStopped(cst.CSTTransformer):
+    """A grad-off block (`with torch.no_grad():`) of code backward runs, with the
+    runtime's `_no_tangents()` beside it. Reverse mode reads what the block computes
+    as a constant; forward mode through backward (a Hessian by `jacfwd(jacrev(f))`,
+    the `jvp` of a gradient) would give it a tangent, which `torch.no_grad()` does not
+    stop, and answer another second derivative."""
+
+    def __init__(self, diff: Differentiator) -> None:
+        self.diff = diff
+
+    def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
+        if not any(grad_off(item.item, self.diff) for item in original_node.items):
+            return updated_node
+        *items, last = updated_node.items
+        stop = cst.WithItem(cst.Call(cst.Name(NO_TANGENTS)))
+        return updated_node.with_changes(
+            items=[*items, last.with_changes(comma=cst.Comma(_SPACE)), stop]
+        )
+
+
+_SPACE = cst.SimpleWhitespace(" ")
 
 
 class _RequiresGrad(cst.CSTTransformer):
