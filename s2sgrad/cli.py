@@ -10,7 +10,8 @@ the order of the inputs, so a parallel run says and writes exactly what a serial
 does. The run writes only when every file converted, so an error leaves every output
 untouched; a written file gets the mode an editor would give it.
 Exit codes follow black: 0 done, 1 would change (`--check`) or a wrong gradient
-(`check`), 2 input or usage error, 123 internal error.
+(`check`), 2 input or usage error, 123 internal error; 141 where the reader of standard
+output went away (`| head`), as for a shell pipeline's writer that SIGPIPE stopped.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 # `dataclasses` loads `inspect`.
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 123
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE's number
 T = TypeVar("T")
 _SKIP_DIRS = {"__pycache__", ".git", ".venv", "venv", "node_modules", "build", "dist"}
 #: Windows waits on at most 63 handles, so its pools take at most 61 workers (as black).
@@ -999,6 +1001,11 @@ def _main(argv: Sequence[str] | None) -> tuple[int, bool]:
     try:
         result: int = args.run(args)
         return result, converting
+    except BrokenPipeError:
+        # `s2sgrad convert --diff | head`: the reader has what it wanted. Python
+        # flushes standard output at exit, which would fail again: point it nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE, converting
     except Exception as exc:  # noqa: BLE001 - anything unexpected is our bug
         return report_internal_error(exc), converting
 

@@ -436,3 +436,26 @@ def test_a_hand_written_module_at_the_output_path_is_kept(tmp_path):
     (tmp_path / "ops_grad.py").unlink()
     assert s2sgrad("convert", "ops.py", cwd=tmp_path).returncode == 0
     assert s2sgrad("convert", "ops.py", cwd=tmp_path).returncode == 0  # its own, again
+
+
+@pytest.mark.parametrize("flags", [["--stdout"], ["--diff"]])
+def test_a_reader_that_stops_reading_ends_the_run_quietly(tmp_path, flags):
+    """An outside probe: `s2sgrad convert --diff . | head` (or a pager quit) made
+    the write to standard output fail, reported as an internal error (exit 123, a
+    traceback log). The run ends with 141, as a pipeline's writer SIGPIPE stopped,
+    says nothing and writes nothing."""
+    (tmp_path / "ops.py").write_text(GOOD)
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader is gone before anything is written
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "s2sgrad", "convert", *flags, "ops.py"],
+            cwd=tmp_path,
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(writer)
+    assert (run.returncode, run.stderr) == (141, "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.py"]
