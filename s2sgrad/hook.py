@@ -319,7 +319,9 @@ def spec_for(
 def _generated_spec(
     name: str, source: Path, data: bytes, grad: Path, options: Options
 ) -> importlib.machinery.ModuleSpec:
-    origin = Origin(display_path(source), module_name(source))
+    # The name the module is imported by says what the source's is, in a namespace
+    # package too (a folder without `__init__.py`), where `module_name` stops short.
+    origin = Origin(display_path(source), name.removesuffix(options.suffix))
     entry, listing = _cache_files(grad)
     job = Job(name, source, data, origin, options, entry, listing)
     spec = importlib.machinery.ModuleSpec(

@@ -576,3 +576,28 @@ def test_a_bad_table_does_not_break_imports_outside_the_packages(tmp_path):
     )
     assert run.returncode == 0, run
     assert "refused:" in run.stdout and "line-lenght" in run.stdout, run
+
+
+def test_hook_serves_a_module_of_a_namespace_package(tmp_path):
+    """An outside probe: in a namespace package (a folder without `__init__.py`) the
+    hook, asked for `nsp.ops_grad`, named the source by its file name alone, and the
+    module it served imported the helper constant by `from ops import K`:
+    ModuleNotFoundError. It names the source by the name it was asked for."""
+    ops = (
+        "import torch\n\nK = 2.0\n\n\ndef sin_k(x: torch.Tensor):\n"
+        "    def backward(grad):\n        return grad * K * torch.cos(K * x)\n"
+        "    return torch.sin(K * x), backward\n"
+    )
+    project(tmp_path, {"nsp/ops.py": ops}, stub_torch=False)
+    script = (
+        "import torch, s2sgrad\n"
+        "with s2sgrad.install_import_hook():\n"
+        "    import nsp.ops_grad as g\n"
+        "x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)\n"
+        "assert torch.autograd.gradcheck(g.sin_k, (x,))\n"
+        "assert torch.autograd.gradgradcheck(g.sin_k, (x,))\n"
+        "import inspect\n"
+        "print([l for l in inspect.getsource(g).splitlines() if 'import K' in l])\n"
+    )
+    run = ok(python("-c", script, cwd=tmp_path))
+    assert run.stdout.strip() == "['from nsp.ops import K']"
