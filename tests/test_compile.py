@@ -319,9 +319,9 @@ def test_a_plain_value_forward_computes_is_no_output_of_forward(leaky):
 
 def test_a_training_loop_that_changes_grad_mode_compiles_no_new_graph():
     """Training steps, evaluation under no_grad and a gradient penalty, in turn: after
-    the first round every call finds its graph (the op's inputs that require grad, and
-    grad mode inside backward, make no new one), so torch never nears its recompile
-    limit and never warns."""
+    the first round every call finds its graph (grad mode inside backward makes no
+    new one; a pattern of inputs that require grad compiles its own graph once), so
+    torch never nears its recompile limit and never warns."""
     mlp = compiled_module("mlp").mlp
     torch.manual_seed(0)
     x = torch.randn(5, 3, dtype=torch.float64)
