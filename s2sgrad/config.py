@@ -33,7 +33,13 @@ _ROOT_MARKERS = ("pyproject.toml", ".git", ".hg")
 
 
 class ConfigError(Exception):
-    """A bad `pyproject.toml`: the message names the file and the key."""
+    """A bad `pyproject.toml`: the message names the file and the key. `suffix` is
+    the output suffix the file asks for as far as it can be read (the default where
+    it says none, or no valid one), for the import hook to tell its names by."""
+
+    def __init__(self, message: str, suffix: str = "_grad") -> None:
+        super().__init__(message)
+        self.suffix = suffix
 
 
 class Config(NamedTuple):
@@ -147,7 +153,13 @@ def load_config(paths: Sequence[Path]) -> Config:
     table = tool.get("s2sgrad") if isinstance(tool, dict) else None
     if table is None:
         return Config(path=pyproject)
-    return parse_table(table, pyproject, shown)
+    try:
+        return parse_table(table, pyproject, shown)
+    except ConfigError as exc:
+        suffix = table.get("suffix") if isinstance(table, Mapping) else None
+        if not isinstance(suffix, str) or suffix_problem(suffix):
+            suffix = Config().suffix
+        raise ConfigError(str(exc), suffix) from None
 
 
 def parse_table(table: object, path: Path, shown: str) -> Config:

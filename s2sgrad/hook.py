@@ -166,9 +166,15 @@ class ImportHook(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         try:
             suffix = self._suffix(fullname, path)
-        except ImportError:
+        except _TableError as error:
             if self.packages is not None and not self._near(fullname):
                 return None  # not the hook's to serve: a bad table breaks it not
+            last = fullname.rpartition(".")[2]
+            if not last.endswith(error.suffix) or last == error.suffix:
+                # `decimal`, the package itself, an optional import that expects
+                # ModuleNotFoundError: no output's name by the suffix the table
+                # asks for, as far as it can be read.
+                return None
             raise
         if suffix is None:
             return None
@@ -249,7 +255,15 @@ def project_options(folder: Path) -> Options:
     try:
         return load_config([folder]).options()
     except ConfigError as exc:
-        raise ImportError(f"s2sgrad: {exc}") from None
+        raise _TableError(f"s2sgrad: {exc}", exc.suffix) from None
+
+
+class _TableError(ImportError):
+    """A bad `[tool.s2sgrad]` met by an import, with the suffix it asks for."""
+
+    def __init__(self, message: str, suffix: str) -> None:
+        super().__init__(message)
+        self.suffix = suffix
 
 
 def install_import_hook(

@@ -555,17 +555,21 @@ def test_run_module_like_python_dash_m(tmp_path):
     assert run.stdout == f"__main__ [{str(tmp_path / 'pkg' / 'main.py')!r}, '-y'] 9\n"
 
 
-def test_a_bad_table_does_not_break_imports_outside_the_packages(tmp_path):
+@pytest.mark.parametrize("packages", ["['pkg']", ""])
+def test_a_bad_table_does_not_break_imports_outside_the_packages(tmp_path, packages):
     """An outside probe: with the hook installed, a typo in `[tool.s2sgrad]` of the
     working directory made every import fail, `import decimal` too. Only imports
-    the hook may serve read the table now."""
+    the hook may serve read the table now. A second probe: `import pkg` itself
+    (with the hook for `pkg`), and `import decimal` with the hook for every package,
+    still failed; a module another finder has is never the hook's."""
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "p"\n[tool.s2sgrad]\nline-lenght = 70\n'
     )
+    project(tmp_path, {"pkg/__init__.py": "", "pkg/ops.py": SQUARE}, stub_torch=False)
     probe = (
         "import s2sgrad\n"
-        "s2sgrad.install_import_hook(['pkg'])\n"
-        "import decimal\n"
+        f"s2sgrad.install_import_hook({packages})\n"
+        "import decimal, json, pkg, pkg.ops\n"
         "try:\n"
         "    import pkg.ops_grad\n"
         "except ImportError as error:\n"
