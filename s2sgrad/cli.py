@@ -28,10 +28,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, NoReturn, TypeVar
 
 import s2sgrad
-from s2sgrad.config import Config, ConfigError, load_config
+from s2sgrad.config import (
+    Config,
+    ConfigError,
+    load_config,
+    marks_a_project,
+    project_root,
+)
 from s2sgrad.header import Origin, generated_from, up_to_date
 from s2sgrad.review.check import status, unified_diff
-from s2sgrad.sources import decode_source, display_path, module_name
+from s2sgrad.sources import decode_source, display_path, module_name, source_label
 
 if TYPE_CHECKING:
     from concurrent.futures import ProcessPoolExecutor
@@ -143,7 +149,7 @@ def convert_file(job: Job, options: Options) -> Outcome | None:
         text = read_source(job.source, shown)
         if not job.explicit and not has_differentiators(text, shown):
             return _orphaned(job)
-        origin = Origin(shown, module_name(job.source))
+        origin = Origin(source_label(job.source), module_name(job.source), shown)
         return Converted(job.source, job.output, convert(text, origin, options))
     except s2sgrad.TransformError as exc:
         return Failed(job.source, exc.diagnostics)
@@ -169,9 +175,18 @@ def vanished(args: argparse.Namespace, config: Config) -> list[Orphaned]:
                 continue
             text = _read_text(output)
             named = None if text is None else generated_from(text)
-            if named is not None and not Path(named).exists():
+            if named is not None and not _named_source(output, named).exists():
                 found.append(Orphaned(source, output))
     return found
+
+
+def _named_source(output: Path, named: str) -> Path:
+    """The source a generated module's header names: relative to the root of the
+    output's project, as `source_label` writes it, or to the working directory
+    (outside a project, and in headers written before format 43)."""
+    root = project_root([output])
+    found = root / named
+    return found if marks_a_project(root) and found.exists() else Path(named)
 
 
 def _orphaned(job: Job) -> Orphaned | None:
@@ -200,7 +215,8 @@ def up_to_date_output(job: Job, config: Config) -> Outcome | None:
     except s2sgrad.TransformError as exc:
         return Failed(job.source, exc.diagnostics)
     module = module_name(job.source)
-    if up_to_date(on_disk, shown, text, config.options_key(), module):
+    label = source_label(job.source)
+    if up_to_date(on_disk, label, text, config.options_key(), module):
         return Converted(job.source, job.output, on_disk)
     return None
 
@@ -215,7 +231,7 @@ def review_file(job: Job, options: Options) -> Reviewed | Failed | None:
         text = read_source(job.source, shown)
         if not job.explicit and not has_differentiators(text, shown):
             return None
-        origin = Origin(shown, module_name(job.source))
+        origin = Origin(source_label(job.source), module_name(job.source), shown)
         records = review(text, origin, options, display_path(job.output))
         return Reviewed(job.source, tuple(records))
     except s2sgrad.TransformError as exc:

@@ -122,9 +122,14 @@ def project_root(paths: Sequence[Path]) -> Path:
     common = Path(os.path.commonpath([str(p) for p in resolved]))
     start = common if common.is_dir() else common.parent
     for folder in (start, *start.parents):
-        if any((folder / marker).exists() for marker in _ROOT_MARKERS):
+        if marks_a_project(folder):
             return folder
     return Path(start.anchor)
+
+
+def marks_a_project(folder: Path) -> bool:
+    """Whether `folder` holds a project's root marker (`pyproject.toml`, `.git`)."""
+    return any((folder / marker).exists() for marker in _ROOT_MARKERS)
 
 
 def load_config(paths: Sequence[Path]) -> Config:

@@ -23,10 +23,17 @@ HEADER_LINES = 3
 
 
 class Origin(NamedTuple):
-    """Where the source lives: as shown in the header, and as imported."""
+    """Where the source lives: as the generated text names it, as imported, and as
+    diagnostics show it (the path the generated text names where not given)."""
 
     display_path: str
     module_name: str | None
+    located: str | None = None
+
+    @property
+    def where(self) -> str:
+        """The path a diagnostic shows."""
+        return self.located or self.display_path
 
 
 def options_key(options: Mapping[str, object]) -> str:

@@ -43,7 +43,7 @@ from s2sgrad.files import write_atomic
 from s2sgrad.header import FORMAT_VERSION, HASH_MARK, Origin, source_hash
 from s2sgrad.lines import split_lines
 from s2sgrad.options import Options
-from s2sgrad.sources import display_path, module_name
+from s2sgrad.sources import display_path, module_name, source_label
 
 if TYPE_CHECKING:
     import argparse
@@ -335,7 +335,9 @@ def _generated_spec(
 ) -> importlib.machinery.ModuleSpec:
     # The name the module is imported by says what the source's is, in a namespace
     # package too (a folder without `__init__.py`), where `module_name` stops short.
-    origin = Origin(display_path(source), name.removesuffix(options.suffix))
+    origin = Origin(
+        source_label(source), name.removesuffix(options.suffix), display_path(source)
+    )
     entry, listing = _cache_files(grad)
     job = Job(name, source, data, origin, options, entry, listing)
     spec = importlib.machinery.ModuleSpec(
@@ -433,7 +435,7 @@ def generate(job: Job) -> str:
         from s2sgrad.pipeline import convert
         from s2sgrad.sources import decode_source
 
-        text = decode_source(job.data, job.origin.display_path)
+        text = decode_source(job.data, job.origin.where)
         return convert(text, job.origin, job.options)
     except TransformError as exc:
         trace(job.name, f"transform error in {job.source}")

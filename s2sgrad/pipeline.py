@@ -128,16 +128,16 @@ class _Front(NamedTuple):
 
 
 def _front(source: str, origin: Origin, options: Options) -> _Front:
-    composed = compose(source, origin.display_path)
-    parsed = _parse(source, composed, origin.display_path)
+    composed = compose(source, origin.where)
+    parsed = _parse(source, composed, origin.where)
     if not parsed.differentiators:
-        raise TransformError([_none_found(parsed, origin.display_path)])
+        raise TransformError([_none_found(parsed, origin.where)])
     try:
         siblings, facts = module_facts(parsed)
-        judged = _judge_forward(parsed, facts, origin.display_path, options.policy)
+        judged = _judge_forward(parsed, facts, origin.where, options.policy)
     except TransformError as exc:
         raise TransformError(composed.restore(exc.diagnostics)) from None
-    return _Front(composed, parsed, siblings, facts, judged, origin.display_path)
+    return _Front(composed, parsed, siblings, facts, judged, origin.where)
 
 
 def _differentiated(

@@ -27,6 +27,19 @@ def module_name(path: Path) -> str:
     return ".".join(reversed(parts))
 
 
+def source_label(path: Path) -> str:
+    """Return `path` as generated text names it: relative to its project's root (the
+    folder of its `pyproject.toml` or `.git`, as the configuration is found), with
+    forward slashes, so that output is the same from any working directory; outside
+    a project, relative to the working directory (`display_path`)."""
+    from s2sgrad.config import marks_a_project, project_root
+
+    root = project_root([path])
+    if not marks_a_project(root):
+        return display_path(path)
+    return path.resolve().relative_to(root).as_posix()
+
+
 def display_path(path: Path) -> str:
     """Return `path` relative to the working directory, with forward slashes."""
     return Path(os.path.relpath(path.resolve(), Path.cwd())).as_posix()

@@ -326,3 +326,19 @@ def test_a_tree_left_with_only_an_output_whose_source_is_gone(project):
     assert run.returncode == 1, run.stderr
     assert "pkg/square_grad.py was generated from pkg/square.py, which is gone" in run.stderr
     assert "no differentiators found" not in run.stderr
+
+
+@pytest.mark.parametrize("where", ["pkg", "elsewhere"])
+def test_outputs_are_the_same_from_any_working_directory(project, tmp_path_factory, where):
+    """An outside probe: the header and the docstrings named the source relative to
+    the working directory, so `--check` from inside the package (or from another
+    folder) found every output stale, and `--diff` showed only paths changing. They
+    name it relative to the project's root now: from anywhere, the same bytes."""
+    before = snapshot(project)
+    cwd = project / "pkg" if where == "pkg" else tmp_path_factory.mktemp("elsewhere")
+    path = str(project / "pkg") if where == "elsewhere" else "."
+    run = s2sgrad("convert", "--check", path, cwd=cwd)
+    assert run.returncode == 0, run.stderr
+    (project / "pkg" / "square_grad.py").unlink()
+    assert s2sgrad("convert", path, cwd=cwd).returncode == 0
+    assert snapshot(project) == before

@@ -336,8 +336,8 @@ def _imports(
                 Diagnostic(
                     "S2S115",
                     "the differentiators use module-level helpers, but "
-                    f"{origin.display_path} is not importable as a module",
-                    origin.display_path,
+                    f"{origin.where} is not importable as a module",
+                    origin.where,
                     first.first_line,
                     1,
                     "",

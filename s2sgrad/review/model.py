@@ -169,12 +169,12 @@ def _record(
         attributes["_save"] = "_save"
     return ReviewRecord(
         name=diff.name,
-        path=origin.display_path,
+        path=origin.where,
         output=generated.label,
         policy=policy,
         first_line=first,
         last_line=last,
-        source=Snippet(origin.display_path, first, text),
+        source=Snippet(origin.where, first, text),
         generated=tuple(generated.snippet(n) for n in wanted),
         captures=_captures(item, closure, temporaries, attributes),
         temporaries=temporaries,
