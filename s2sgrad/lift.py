@@ -1078,8 +1078,9 @@ def may_return_self(
         return True
     if isinstance(func, cst.Attribute):
         method = func.attr.value
-        if method in vars(operator):
+        if method.startswith("__") and method in vars(operator):
             # `x.__neg__()` is `-x`, a new tensor; `x.__iadd__(y)` is `x += y`.
+            # (`operator` has the plain `ne`, `add` too: `x.ne(y)` is the op's.)
             return method[2] == "i" and f"__{method[3:]}" in vars(operator)
         return (
             opfacts.returns_input(f"torch.Tensor.{method}")

@@ -1053,3 +1053,21 @@ def test_a_write_through_an_item_of_a_list_holding_a_tensor_is_refused(case):
     source += "    return u * w, backward\n"
     first = _refused(source)
     assert (first.code, first.line) == ("S2S103", line) and said in first.message
+
+
+@pytest.mark.parametrize("method", ["ne", "eq", "lt", "ge"])
+def test_a_two_letter_tensor_method_beside_an_index_store(tmp_path, method):
+    """An outside probe's label-smoothing loss (`valid = target.ne(ignore_index)`,
+    `loss[~valid] = 0`) was an internal error (IndexError): the judge of what a
+    method returns took `ne` for a dunder of `operator`, which has both."""
+    source = HEAD + f"""
+def f(x, target):
+    valid = target.{method}(0.25)
+    loss = x * 2
+    loss[~valid] = 0
+    def backward(grad):
+        return grad * 2 * valid, None
+    return loss, backward
+"""
+    closures, generated = import_pair(tmp_path, source, f"two_letter_{method}")
+    _check(closures, generated, "f", [_r(3, 4), _r(3, 4, seed=1)], [True, False])
