@@ -1071,3 +1071,42 @@ def f(x, target):
 """
     closures, generated = import_pair(tmp_path, source, f"two_letter_{method}")
     _check(closures, generated, "f", [_r(3, 4), _r(3, 4, seed=1)], [True, False])
+
+
+MULTILINE_ELEMENTS = {
+    "backward": """
+def f(x, w):
+    t = torch.exp(x)
+    def backward(g):
+        return (
+            g
+            * w
+            * t,  # the gradient of x
+            g * t,
+        )
+    return t * w, backward
+""",
+    "forward": """
+def f(x, w):
+    t = torch.exp(x)
+    def backward(g):
+        return g * w * t, g * t
+    return (
+        t
+        * w,
+        backward,
+    )
+""",
+}
+
+
+@pytest.mark.parametrize("where", sorted(MULTILINE_ELEMENTS))
+def test_a_tuple_element_over_several_lines(tmp_path, where):
+    """An outside probe: an element of a returned tuple that black lays over several
+    lines (no brackets of its own: the tuple's hold the line breaks) was an internal
+    error (black could not parse `grad_x = g`, then `* w` on the next line; libcst
+    the same of forward's return). The element is wrapped in parentheses."""
+    source = HEAD + MULTILINE_ELEMENTS[where]
+    closures, generated = import_pair(tmp_path, source, f"multiline_{where}")
+    for needs in ([True, True], [True, False], [False, True]):
+        _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)

@@ -174,6 +174,8 @@ def parse(source: str, path: str) -> ParsedModule:
         ) from None
     if _TUPLE_ARITHMETIC.search(source) or _LIST_RETURN.search(source):
         module = _spell_tuple_returns(module)
+    if _multiline_elements(tree):
+        module = module.visit(_ParenthesizedElements())
     try:
         return _parse_module(module, source, path, tree)
     except Exception as exc:
@@ -210,6 +212,42 @@ def _unnormalized_names(source: str, path: str) -> list[Diagnostic]:
                 )
             )
     return found
+
+
+def _multiline_elements(tree: ast.Module) -> bool:
+    """Whether a tuple or list display has an element over several lines, which
+    `_ParenthesizedElements` may have to wrap."""
+    return any(
+        isinstance(node, (ast.Tuple, ast.List))
+        and any(e.end_lineno != e.lineno for e in node.elts)
+        for node in ast.walk(tree)
+    )
+
+
+class _ParenthesizedElements(cst.CSTTransformer):
+    """Wrap an element of a tuple or list display in parentheses where it breaks a
+    line outside brackets of its own (`return (\n    g\n    * w,\n    g * x,\n)`,
+    as black lays out a long element): the display's brackets hold that line break,
+    and the element, moved into a statement of its own (`grad_x = g * w`), would
+    not parse. Lines stay as they were; the element's first line moves by one
+    column after the parenthesis."""
+
+    def leave_Element(
+        self, original_node: cst.Element, updated_node: cst.Element
+    ) -> cst.Element:
+        value = updated_node.value
+        text = cst.Module([]).code_for_node(value)
+        if "\n" not in text:
+            return updated_node
+        try:
+            ast.parse(text.strip(), mode="eval")
+        except SyntaxError:
+            wrapped = value.with_changes(
+                lpar=[cst.LeftParen(), *value.lpar],
+                rpar=[*value.rpar, cst.RightParen()],
+            )
+            return updated_node.with_changes(value=wrapped)
+        return updated_node
 
 
 #: `return (grad,) + (None,) * 3` and the like, somewhere in the source.
