@@ -1110,3 +1110,26 @@ def test_a_tuple_element_over_several_lines(tmp_path, where):
     closures, generated = import_pair(tmp_path, source, f"multiline_{where}")
     for needs in ([True, True], [True, False], [False, True]):
         _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)
+
+
+DELETED = {
+    "top level": "    tmp = torch.exp(x)\n    t = tmp * 1.0\n    del tmp\n",
+    "in a block": "    tmp = torch.exp(x)\n    t = tmp * 1.0\n    if t.numel() > 0:\n"
+    "        del tmp\n",
+    "beside another": "    tmp, junk = torch.exp(x), x * 2\n    t = tmp * 1.0\n    del tmp, junk\n",
+}
+
+
+@pytest.mark.parametrize("policy", ["promote", "recompute"])
+@pytest.mark.parametrize("case", sorted(DELETED))
+def test_a_temporary_forward_deletes_still_reaches_backward(tmp_path, case, policy):
+    """An outside probe: `t = tmp * 1.0; del tmp`, where backward reads `t` only,
+    converted; the generated forward kept the `del` and returned `tmp` to backward
+    (t's vector-Jacobian product reads it): UnboundLocalError at every call. A `del`
+    of a name the generated function returns is left out."""
+    source = HEAD + "def f(x, w):\n" + DELETED[case]
+    source += "    def backward(g):\n        return g * w * t, g * t\n"
+    source += "    return t * w, backward\n"
+    closures, generated = import_pair(tmp_path, source, "deleted", policy=policy)
+    for needs in ([True, True], [True, False], [False, True]):
+        _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)

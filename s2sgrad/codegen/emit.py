@@ -18,7 +18,7 @@ from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.function import function_class, op_def
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
-from s2sgrad.cst import DepthTransformer, as_statement, bound, nodes
+from s2sgrad.cst import DepthTransformer, as_statement, bound, bound_target, nodes
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.lift import grad_off
 from s2sgrad.names import NameAllocator, Names
@@ -148,6 +148,52 @@ def emit(
     ]
 
 
+class _KeptAlive(cst.CSTTransformer):
+    """Forward's statements without `del name` of a name the function returns: the
+    closure dropped a temporary it no longer needed (`t = tmp * 1.0; del tmp`),
+    but the generated function hands it to backward, which reads it (an outside
+    probe: UnboundLocalError at every call). Unbinding a name changes no value the
+    code computes; the temporary lives as long as backward needs it, as in the
+    closure's own saved graph."""
+
+    def __init__(self, returned: set[str]) -> None:
+        self.returned = returned
+        #: Lines left with nothing but the `pass` a block needs.
+        self.emptied: set[int] = set()
+
+    @classmethod
+    def apply(
+        cls, statements: Sequence[cst.BaseStatement], returned: set[str]
+    ) -> list[cst.BaseStatement]:
+        """`statements` without those `del`s; a line left empty goes, or, in a
+        block that needs a statement, says `pass`."""
+        if not any(isinstance(n, cst.Del) for s in statements for n in nodes(s)):
+            return list(statements)
+        kept = cls(returned)
+        found = [as_statement(s.visit(kept)) for s in statements]
+        return [s for s in found if id(s) not in kept.emptied]
+
+    def leave_SimpleStatementLine(
+        self,
+        original_node: cst.SimpleStatementLine,
+        updated_node: cst.SimpleStatementLine,
+    ) -> cst.SimpleStatementLine:
+        body = [s for s in updated_node.body if not self._unbinds_returned(s)]
+        if len(body) == len(updated_node.body):
+            return updated_node
+        if not body:
+            emptied = updated_node.with_changes(body=[cst.Pass()])
+            self.emptied.add(id(emptied))
+            return emptied
+        last = body[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+        return updated_node.with_changes(body=[*body[:-1], last])
+
+    def _unbinds_returned(self, statement: cst.BaseSmallStatement) -> bool:
+        return isinstance(statement, cst.Del) and bool(
+            bound_target(statement.target) & self.returned
+        )
+
+
 class _TangentsStopped(cst.CSTTransformer):
     """A grad-off block (`with torch.no_grad():`) of code backward runs, with the
     runtime's `_no_tangents()` beside it. Reverse mode reads what the block computes
@@ -258,12 +304,12 @@ def recompute_def(
             for p, t in zip(plan.params, _recompute_types(record, plan), strict=True)
         ]
     )
+    read = names_read(ret)
+    kept = _KeptAlive.apply(_blocks_trimmed(plan.statements, read), read)
     return cst.FunctionDef(
         name=cst.Name(plan.function),
         params=params,
-        body=cst.IndentedBlock(
-            [_doc(doc), *_blocks_trimmed(plan.statements, names_read(ret)), ret]
-        ),
+        body=cst.IndentedBlock([_doc(doc), *kept, ret]),
         returns=cst.Annotation(cst.parse_expression("Any")),
         leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
     )
@@ -418,10 +464,13 @@ def forward_def(record: Differentiated, names: Names, path: str) -> cst.Function
     ret = cst.parse_statement(f"return {result}, {context}\n")
     flags = _RequiresGrad({p.name for p in diff.params})
     recompute = record.gradients.recompute if record.gradients else None
-    statements = [
-        as_statement(s.visit(flags))
-        for s in _live(record.forward_statements, ret, recompute)
-    ]
+    statements = _KeptAlive.apply(
+        [
+            as_statement(s.visit(flags))
+            for s in _live(record.forward_statements, ret, recompute)
+        ],
+        names_read(ret),
+    )
     body = [_doc(docs.forward_doc(record, path)), *statements, ret]
     returns = types.of_result(record.outputs, diff.tuple_result)
     function = cst.FunctionDef(
