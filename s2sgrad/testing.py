@@ -643,9 +643,13 @@ def _errors(
     if not want.numel():
         return None
     rtol, atol = _TOLERANCES.get(dtype, _LOW_PRECISION)
-    largest = float(want.abs().max())
-    error = (got.to(want.dtype) - want).abs()
-    wrong = error > atol * (1.0 + largest) + rtol * want.abs()
+    got = got.to(want.dtype)
+    largest = float(want.abs().nan_to_num(0.0, 0.0, 0.0).max())
+    error = (got - want).abs()
+    # A NaN where a number is expected is wrong (NaN compares false with any
+    # tolerance); the same infinity, or NaN where NaN is expected, is not.
+    same = (got == want) | (got.isnan() & want.isnan())
+    wrong = ~same & ~(error <= atol * (1.0 + largest) + rtol * want.abs())
     if not bool(wrong.any()):
         return None
     nonzero = wrong & (want != 0)

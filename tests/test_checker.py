@@ -499,3 +499,13 @@ def test_version_quiet_verbose_and_stdin(tmp_path):
     assert run.returncode == 0 and "s2sgrad: import ops_grad:" in run.stderr, run.stderr
     run = s2sgrad("-q", "run", "main.py", cwd=tmp_path)
     assert run.returncode == 0 and "s2sgrad: import" not in run.stderr
+
+
+def test_a_nan_where_a_number_is_expected_is_wrong():
+    """An outside probe: the entry-wise test `error > tolerance` is False for NaN, so
+    a NaN second derivative where autograd gives 0 passed reverse mode, and the
+    report then said "reverse mode is right at every order"."""
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64)
+    report = report_of(rules.relu_squared_root, x, order=2)
+    assert "gradient of `x`, order 2, the generated op: max abs error nan" in report
+    assert "reverse mode is right" not in report
