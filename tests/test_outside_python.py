@@ -1133,3 +1133,27 @@ def test_a_temporary_forward_deletes_still_reaches_backward(tmp_path, case, poli
     closures, generated = import_pair(tmp_path, source, "deleted", policy=policy)
     for needs in ([True, True], [True, False], [False, True]):
         _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)
+
+
+def test_a_sibling_named_like_a_torch_function_is_composed(tmp_path):
+    """An outside probe: a differentiator `exp`, called by another that also spells
+    `torch.exp(...)`, was refused (S2S114): the attribute `exp` of `torch.exp` was
+    counted as a use of the module-level `exp` that is not a call."""
+    source = HEAD + """
+def exp(x):
+    t = torch.exp(x)
+    def backward(g):
+        return g * t
+    return t, backward
+
+
+def f(x, w):
+    t = torch.exp(x)
+    u = exp(x)[0]
+    def backward(g):
+        return g * w * t, g * t
+    return u * w, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "sibling_exp")
+    for needs in ([True, True], [True, False], [False, True]):
+        _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)

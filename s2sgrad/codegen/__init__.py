@@ -376,9 +376,17 @@ def _rules_read_math(item: Differentiated) -> bool:
 
 
 def _only_called(diff: Differentiator, name: str) -> bool:
-    """Tell whether every use of `name` in `diff` is a call `name(...)`."""
+    """Tell whether every use of `name` in `diff` is a call `name(...)`. An
+    attribute (`torch.exp` beside a sibling `exp`) or a keyword spelled so is no
+    use of the module-level name."""
     calls = findall(diff.forward, cst.Call, lambda c: calls_name(c, name))
-    uses = findall(diff.forward, cst.Name, lambda n: n.value == name)
+    spelled = {
+        id(n.attr if isinstance(n, cst.Attribute) else n.keyword)
+        for n in findall(diff.forward, (cst.Attribute, cst.Arg))
+    }
+    uses = findall(
+        diff.forward, cst.Name, lambda n: n.value == name and id(n) not in spelled
+    )
     return len(calls) == len(uses)
 
 
