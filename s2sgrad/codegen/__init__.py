@@ -380,10 +380,8 @@ def _only_called(diff: Differentiator, name: str) -> bool:
     attribute (`torch.exp` beside a sibling `exp`) or a keyword spelled so is no
     use of the module-level name."""
     calls = findall(diff.forward, cst.Call, lambda c: calls_name(c, name))
-    spelled = {
-        id(n.attr if isinstance(n, cst.Attribute) else n.keyword)
-        for n in findall(diff.forward, (cst.Attribute, cst.Arg))
-    }
+    spelled = {id(n.attr) for n in findall(diff.forward, cst.Attribute)}
+    spelled |= {id(a.keyword) for a in findall(diff.forward, cst.Arg)}
     uses = findall(
         diff.forward, cst.Name, lambda n: n.value == name and id(n) not in spelled
     )
