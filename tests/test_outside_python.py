@@ -1157,3 +1157,23 @@ def f(x, w):
     closures, generated = import_pair(tmp_path, source, "sibling_exp")
     for needs in ([True, True], [True, False], [False, True]):
         _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)
+
+
+def test_long_parameter_names_give_black_stable_code(tmp_path):
+    """An outside probe: with long parameter names the unpacking of `needs` in the
+    generated backward (`need_a, need_b = needs or (True,) * 2`) was not black's
+    fixed point after the one pass s2sgrad runs (`black --check` failed on the
+    output). The guard in tests/conftest.py checks every conversion here."""
+    source = HEAD + """
+def fused_scaled_exponential_with_learned_weight_and_residual_connection_op(
+    input_activation_tensor_with_a_long_name: torch.Tensor,
+    learned_weight_tensor_with_an_even_longer_name: torch.Tensor,
+):
+    e = torch.exp(input_activation_tensor_with_a_long_name)
+    def backward(g):
+        return g * learned_weight_tensor_with_an_even_longer_name * e, g * e
+    return e * learned_weight_tensor_with_an_even_longer_name, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "long_names")
+    name = "fused_scaled_exponential_with_learned_weight_and_residual_connection_op"
+    _check(closures, generated, name, [_r(3, 4), _r(4, seed=1)])

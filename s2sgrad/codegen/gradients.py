@@ -83,9 +83,13 @@ def backward_body(
     if sliced is not None:
         used = {g for g in guards if any(g in _names(s) for s in sliced)}
         targets = ", ".join(g if g in used else "_" for g in guards)
-        unpack = cst.parse_statement(
-            f"{targets} = {needs} or (True,) * {len(guards)}\n"
-        )
+        line = f"{targets} = {needs} or (True,) * {len(guards)}"
+        if len(guards) > 1 and len(line) + 4 > line_length:
+            # black's one pass splits the targets and adds their trailing comma,
+            # which its next pass would read as magic: written with it, one pass
+            # gives black's fixed point (an outside probe's long parameter names).
+            line = f"({targets},) = {needs} or (True,) * {len(guards)}"
+        unpack = cst.parse_statement(line + "\n")
         prefix = [unpack]
     else:
         prefix = []
