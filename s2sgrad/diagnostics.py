@@ -49,6 +49,7 @@ CODES: dict[str, str] = {
     "other than a list or tuple of them",
     "S2S131": "forward changes module-level state that it reads",
     "S2S132": "an identifier Python reads as another spelling",
+    "S2S133": "a differentiator defined inside a module-level block",
 }
 
 

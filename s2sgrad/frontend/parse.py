@@ -214,6 +214,67 @@ def _unnormalized_names(source: str, path: str) -> list[Diagnostic]:
     return found
 
 
+#: Module-level statements whose blocks s2sgrad does not read definitions from.
+_BLOCKS = {
+    cst.If: "if",
+    cst.Try: "try",
+    cst.TryStar: "try",
+    cst.With: "with",
+    cst.For: "for",
+    cst.While: "while",
+}
+
+
+def _inside_blocks(
+    module: cst.Module, tree: ast.Module, loc: Locator
+) -> list[Diagnostic]:
+    """S2S133 at each differentiator defined in a module-level block (`if
+    torch.__version__ >= ...:`), which s2sgrad converts no more than a helper's
+    nested def: with other differentiators beside it, it went missing from the
+    generated module silently."""
+    found = []
+    for stmt, node in zip(module.body, tree.body, strict=True):
+        block = _BLOCKS.get(type(stmt))
+        if block is None or _main_guard(stmt):
+            continue
+        defs = [
+            d
+            for d in nodes(stmt)
+            if isinstance(d, cst.FunctionDef) and checks.backward_name(d)
+        ]
+        where = [d for d in ast.walk(node) if isinstance(d, ast.FunctionDef)]
+        for function in defs:
+            at = next(d for d in where if d.name == function.name.value)
+            name = function.name.value
+            found.append(
+                loc.at(
+                    "S2S133",
+                    at.lineno,
+                    at.col_offset + 5,
+                    f"`{name}` is a differentiator defined inside a module-level "
+                    f"`{block}`: s2sgrad converts module-level functions, and "
+                    "would leave it out",
+                    f"define `{name}` at module level, and choose inside it what "
+                    "the block chose",
+                )
+            )
+    return found
+
+
+def _main_guard(stmt: cst.BaseStatement) -> bool:
+    """Whether `stmt` is `if __name__ == "__main__":`, which an import never runs."""
+    if not isinstance(stmt, cst.If) or not isinstance(stmt.test, cst.Comparison):
+        return False
+    test = stmt.test
+    return (
+        is_name(test.left, "__name__")
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal)
+        and isinstance(test.comparisons[0].comparator, cst.SimpleString)
+        and test.comparisons[0].comparator.evaluated_value == "__main__"
+    )
+
+
 def _multiline_elements(tree: ast.Module) -> bool:
     """Whether a tuple or list display has an element over several lines, which
     `_ParenthesizedElements` may have to wrap."""
@@ -451,6 +512,7 @@ def _parse_module(
     found: list[Diagnostic] = []
     pending: list[tuple[cst.FunctionDef, str]] = []
     seen: dict[str, cst.FunctionDef] = {}
+    found += _inside_blocks(module, tree, loc)
     for stmt in module.body:
         if not isinstance(stmt, cst.FunctionDef):
             continue
