@@ -1177,3 +1177,26 @@ def fused_scaled_exponential_with_learned_weight_and_residual_connection_op(
     closures, generated = import_pair(tmp_path, source, "long_names")
     name = "fused_scaled_exponential_with_learned_weight_and_residual_connection_op"
     _check(closures, generated, name, [_r(3, 4), _r(4, seed=1)])
+
+
+def test_annotated_gradients_in_backward_pass_mypy_strict(tmp_path):
+    """An outside probe: `gx: Tensor = g * w * t` in backward (or `gx = ...  # type:
+    Tensor`) came after the generated `gx = grad_w = None`, and mypy --strict
+    refused the module (no-redef). Such a binding is written plainly there."""
+    source = """import torch
+from torch import Tensor
+
+
+def f(x: Tensor, w: Tensor):
+    t = torch.exp(x)
+    def backward(g: Tensor) -> tuple[Tensor, Tensor]:
+        gx: Tensor = g * w * t
+        gw = g * t  # type: Tensor
+        return gx, gw
+    return t * w, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "annotated_backward")
+    text = (tmp_path / "annotated_backward_grad.py").read_text()
+    assert mypy_strict(tmp_path, "annotated_backward_grad.py", text) == ""
+    for needs in ([True, True], [True, False], [False, True]):
+        _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)

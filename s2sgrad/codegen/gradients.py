@@ -17,7 +17,15 @@ import libcst as cst
 from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import types
 from s2sgrad.codegen.slicing import slice_closure
-from s2sgrad.cst import findall, is_name, module, spelled, statements
+from s2sgrad.cst import (
+    as_statement,
+    bound_target,
+    findall,
+    is_name,
+    module,
+    spelled,
+    statements,
+)
 from s2sgrad.frontend.checks import own_returns
 from s2sgrad.names import NameAllocator
 from s2sgrad.values import NONE, param_value
@@ -77,6 +85,9 @@ def backward_body(
     init = (
         [cst.parse_statement(f"{' = '.join(variables)} = None\n")] if variables else []
     )
+    if variables and sliced is not None:
+        plain = _Unannotated(set(variables))
+        sliced = [as_statement(s.visit(plain)) for s in sliced]
     built = types.GRADS if len(results) > 1 else types.GRAD
     if called or any(param_value(p).tensor_list for p in record.source.params):
         built = "tuple[Any, ...]" if len(results) > 1 else "Any"  # a list of them
@@ -132,6 +143,50 @@ def backward_body(
     else:  # a tuple, of one gradient too
         returns = types.GRADS if built == types.GRAD else built
     return BackwardBody(body, needs if sliced else None, True, returns)
+
+
+class _Unannotated(cst.CSTTransformer):
+    """Backward's annotated bindings of the gradient variables the generated code
+    starts at None (`gx: Tensor = g * w`, or `gx = g * w  # type: Tensor`) as plain
+    ones: mypy --strict reads a second declaration of `gx` as a redefinition (an
+    outside probe). The value is the same; `Grad` already types the variable."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def leave_SimpleStatementLine(
+        self,
+        original_node: cst.SimpleStatementLine,
+        updated_node: cst.SimpleStatementLine,
+    ) -> cst.SimpleStatementLine:
+        body = [self._plain(s) for s in updated_node.body]
+        comment = updated_node.trailing_whitespace.comment
+        if comment is not None and comment.value.startswith("# type:"):
+            if any(
+                bound_target(t.target) & self.names
+                for s in body
+                if isinstance(s, cst.Assign)
+                for t in s.targets
+            ):
+                trailing = cst.TrailingWhitespace()
+                return updated_node.with_changes(
+                    body=body, trailing_whitespace=trailing
+                )
+        return updated_node.with_changes(body=body)
+
+    def _plain(self, statement: cst.BaseSmallStatement) -> cst.BaseSmallStatement:
+        if (
+            isinstance(statement, cst.AnnAssign)
+            and statement.value is not None
+            and isinstance(statement.target, cst.Name)
+            and statement.target.value in self.names
+        ):
+            return cst.Assign(
+                [cst.AssignTarget(statement.target)],
+                statement.value,
+                statement.semicolon,
+            )
+        return statement
 
 
 def _names(node: cst.CSTNode) -> set[str]:
