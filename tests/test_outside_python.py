@@ -18,6 +18,9 @@ promoted temporary, which read the input's shape through that name.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from oracle import assert_same, derivatives, import_pair, leaves, mypy_strict
@@ -1200,3 +1203,28 @@ def f(x: Tensor, w: Tensor):
     assert mypy_strict(tmp_path, "annotated_backward_grad.py", text) == ""
     for needs in ([True, True], [True, False], [False, True]):
         _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)
+
+
+def test_a_parameter_named_like_an_import_of_the_generated_module(tmp_path):
+    """An outside probe named parameters `cast` and `torch` (`import torch as th`):
+    the op then types its result without `typing.cast`, but the module still
+    imported it, unused (ruff F401, F811). Imports now follow the names the module
+    reads from module level, by Python's own scope analysis."""
+    source = """import torch as th
+
+
+def f(torch: th.Tensor, cast: th.Tensor):
+    t = th.exp(torch)
+    def backward(g):
+        return g * cast * t, g * t
+    return t * cast, backward
+"""
+    closures, generated = import_pair(tmp_path, source, "cast_param")
+    text = (tmp_path / "cast_param_grad.py").read_text()
+    assert "import Any, cast" not in text and "import cast" not in text
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "F", "-"],
+        input=text, capture_output=True, text=True,
+    )  # fmt: skip
+    assert lint.returncode == 0, lint.stdout
+    _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+import symtable
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -138,7 +139,7 @@ def part(layout: Layout, records: Sequence[Differentiated]) -> Part:
     code, starts = _rendered(body)
     return Part(
         format_pieces(pieces(cut(code, starts)), layout.line_length),
-        frozenset(_names_read(code)),
+        frozenset(_names_read(code) - _only_local(code)),
         any(_rules_read_math(item) for item in records),
     )
 
@@ -281,6 +282,27 @@ def _names_read(code: str) -> set[str]:
         elif isinstance(node, ast.AnnAssign):
             annotations.append(node.annotation)
     return names | _read_in_string_annotations(annotations)
+
+
+def _only_local(code: str) -> set[str]:
+    """The names that every function of `code` using them binds itself, and that
+    nothing reads from the module: a parameter named `cast` reads no `typing.cast`,
+    which would then be imported unused (ruff F401, an outside probe). Python's own
+    scope analysis (`symtable`) says where each name lives."""
+    local: set[str] = set()
+    module_level: set[str] = set()
+    tables = [symtable.symtable(code, "<generated>", "exec")]
+    while tables:
+        table = tables.pop()
+        function = table.get_type() == "function"
+        for symbol in table.get_symbols():
+            name = symbol.get_name()
+            if function and (symbol.is_local() or symbol.is_free()):
+                local.add(name)
+            elif symbol.is_referenced() or symbol.is_global() or not function:
+                module_level.add(name)
+        tables += table.get_children()
+    return local - module_level
 
 
 def _read_in_string_annotations(annotations: list[ast.expr | None]) -> set[str]:
