@@ -1228,3 +1228,36 @@ def f(torch: th.Tensor, cast: th.Tensor):
     )  # fmt: skip
     assert lint.returncode == 0, lint.stdout
     _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)])
+
+
+@pytest.mark.parametrize(
+    "head, code, hint",
+    [
+        (
+            "from torch import *\n",
+            "S2S112",
+            "s2sgrad cannot tell which names `from torch import *` binds: import it "
+            "by name (`from torch import Tensor`)",
+        ),
+        (
+            "import torch\nTensor = torch.Tensor\n",
+            "S2S114",
+            "bind it as the generated module does, `from torch import Tensor`, or "
+            "use another name",
+        ),
+    ],
+)
+def test_refusals_of_how_names_are_bound_say_how_to_bind_them(head, code, hint):
+    """An outside probe: `from torch import *` gave "undefined name `exp`" with the
+    hint to import it, which it was; `Tensor = torch.Tensor` gave S2S114 with the
+    hint to rename a helper. Each hint now says what to write."""
+    source = head + """
+
+def f(x: Tensor, w: Tensor):
+    t = torch.exp(x) if False else x.exp()
+    def backward(g):
+        return g * w * t, g * t
+    return t * w, backward
+"""
+    first = _refused(source)
+    assert (first.code, first.hint) == (code, hint)

@@ -506,8 +506,13 @@ def collisions(
                         diff.first_line,
                         1,
                         split_lines(parsed.source)[diff.first_line - 1],
-                        "rename the helper, or call the other differentiator's op from a "
-                        "plain helper function",
+                        (
+                            f"bind it as the generated module does, `{_IMPORTED[name]}`"
+                            ", or use another name"
+                            if name in _IMPORTED
+                            else "rename the helper, or call the other "
+                            "differentiator's op from a plain helper function"
+                        ),
                     )
                 )
     for diff in sources:

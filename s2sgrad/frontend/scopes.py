@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import difflib
+import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -335,8 +336,18 @@ class ScopeAnalysis:
         close = difflib.get_close_matches(
             node.value, sorted(self._visible(scope)), n=1, cutoff=0.75
         )
+        starred = next(
+            (m.group(1) for m in map(_STAR_IMPORT.match, self.loc.lines) if m), None
+        )
         if close:
             hint = f"did you mean `{close[0]}`?"
+        elif starred is not None:
+            # An outside probe: `from torch import *` left `exp` "undefined" with
+            # the hint to import it, which it was.
+            hint = (
+                f"s2sgrad cannot tell which names `from {starred} import *` binds: "
+                f"import it by name (`from {starred} import {node.value}`)"
+            )
         return self.loc.error("S2S112", node, f"undefined name `{node.value}`", hint)
 
     def _visible(self, scope: Scope) -> set[str]:
@@ -803,6 +814,10 @@ class _HelperWrites(NamedTuple):
 
     positional: tuple[str, ...]
     written: frozenset[str]
+
+
+#: A module-level star import, and the module it imports from.
+_STAR_IMPORT = re.compile(r"from\s+([\w.]+)\s+import\s+\*")
 
 
 def _through_backward_aliases(
