@@ -77,9 +77,12 @@ def emit(
         backward_def(record, names, path, body),
     ]
     # Backward runs these; forward too where another backward calls its closure.
-    stopped = _TangentsStopped(record.source)
-    first = 0 if closure_called else 1
-    definitions[first:] = [as_statement(d.visit(stopped)) for d in definitions[first:]]
+    if any(type(n) is cst.With for n in nodes(record.source.forward)):
+        stopped = _TangentsStopped(record.source)
+        first = 0 if closure_called else 1
+        definitions[first:] = [
+            as_statement(d.visit(stopped)) for d in definitions[first:]
+        ]
     called = set(siblings) & set(record.source.globals_used)
     if called:
         rename = _SiblingCalls({s: Names.of(s) for s in called})

@@ -10,6 +10,7 @@ gradient of a promoted temporary into those variables.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -23,6 +24,7 @@ from s2sgrad.cst import (
     findall,
     is_name,
     module,
+    nodes,
     spelled,
     statements,
 )
@@ -85,7 +87,7 @@ def backward_body(
     init = (
         [cst.parse_statement(f"{' = '.join(variables)} = None\n")] if variables else []
     )
-    if variables and sliced is not None:
+    if variables and sliced is not None and _annotates(sliced):
         plain = _Unannotated(set(variables))
         sliced = [as_statement(s.visit(plain)) for s in sliced]
     built = types.GRADS if len(results) > 1 else types.GRAD
@@ -143,6 +145,15 @@ def backward_body(
     else:  # a tuple, of one gradient too
         returns = types.GRADS if built == types.GRAD else built
     return BackwardBody(body, needs if sliced else None, True, returns)
+
+
+def _annotates(block: Sequence[cst.BaseStatement]) -> bool:
+    """Whether `block` holds an annotated binding, or a comment (`# type: T`)."""
+    return any(
+        type(n) is cst.AnnAssign or type(n) is cst.Comment
+        for s in block
+        for n in nodes(s)
+    )
 
 
 class _Unannotated(cst.CSTTransformer):
