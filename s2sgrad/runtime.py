@@ -313,6 +313,8 @@ class _Function(torch.autograd.Function):
 def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
     """`function.apply(*args)`, with a `jvp` where forward mode may ask for one."""
     try:
+        if torch._C._is_tracing():  # torch.jit.is_tracing, typed
+            return _traceable(function, _torch_apply(function, *args))
         if torch.compiler.is_compiling():  # which traces no custom jvp
             if issubclass(function, _Function):  # whose `apply` would come back here
                 return _torch_apply(function, *args)  # (a non-strict torch.export)
@@ -346,6 +348,21 @@ def _apply(function: type[torch.autograd.Function], *args: Any) -> Any:
         # forward mode or autocast, where a number reached a tensor's place.
         _number_for_tensor(function, args, error)
         raise
+
+
+def _traceable(function: Any, outputs: Any) -> Any:
+    """`outputs`, where `torch.jit.trace` can record them: tensors only. A shape that
+    forward hands to setup_context as an extra output (DESIGN section 4) is no
+    tensor, and the trace failed where it replayed the op, with no word of which op
+    (an outside probe); this says so, where the op is traced."""
+    found = outputs if isinstance(outputs, tuple) else (outputs,)
+    if all(isinstance(o, Tensor) for o in found):
+        return outputs
+    raise RuntimeError(
+        f"torch.jit.trace cannot record `{function.__name__}`: it hands values that are "
+        "not tensors (sizes) from forward to backward as extra outputs. Use "
+        "torch.compile or torch.export instead, or call the op outside the trace"
+    )
 
 
 def _torch_apply(function: Any, *args: Any) -> Any:

@@ -551,3 +551,52 @@ def f(x: torch.Tensor, e: torch.Tensor, w: torch.Tensor):
         torch.testing.assert_close(
             mine[known], theirs[known], rtol=1e-7, atol=1e-9, msg=label
         )
+
+
+TRACED = """import torch
+
+
+def swish_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
+    h = x @ w + b
+    s = torch.sigmoid(h)
+    def backward(grad):
+        gh = grad * (s + h * s * (1 - s))
+        return gh @ w.t(), x.t() @ gh, gh
+    return h * s, backward
+
+
+def tanh_scale(x: torch.Tensor, w: torch.Tensor):
+    t = torch.tanh(x * w)
+    def backward(grad):
+        gt = grad * (1 - t * t)
+        return gt * w, gt * x
+    return t, backward
+"""
+
+
+def test_torch_jit_trace_records_an_op_or_says_why_it_cannot():
+    """An outside probe traced a model with torch.jit.trace: an op whose Function
+    hands a size from forward to backward as an extra output (the shape the promoted
+    `h`'s matmul rule reads) failed where the trace replayed it, with no
+    word of which op. It now raises where it is traced, naming the Function; an op
+    whose outputs are all tensors still traces and runs."""
+    import warnings
+
+    import torch
+
+    namespace: dict[str, object] = {"__name__": "traced_grad"}
+    exec(compile(transform(TRACED, "traced.py"), "traced_grad.py", "exec"), namespace)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    b = torch.randn(4, dtype=torch.float64)
+    swish_linear, tanh_scale = namespace["swish_linear"], namespace["tanh_scale"]
+    w, c = torch.randn(4, 5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError, match="torch.jit.trace cannot record"):
+            torch.jit.trace(lambda v: swish_linear(v, w, c), (x,))  # type: ignore[operator]
+        traced = torch.jit.trace(lambda v: tanh_scale(v, b), (x,))  # type: ignore[operator]
+    v = x.clone().requires_grad_()
+    (got,) = torch.autograd.grad(traced(v).sum(), v)
+    u = x.clone().requires_grad_()
+    (want,) = torch.autograd.grad(torch.tanh(u * b).sum(), u)
+    torch.testing.assert_close(got, want)
