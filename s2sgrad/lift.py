@@ -912,6 +912,21 @@ def grad_off(item: cst.BaseExpression, diff: Differentiator) -> bool:
     )
 
 
+#: What torch's grad-mode context managers are called, wherever torch exports them.
+_GRAD_MODE_SETTERS = frozenset(
+    {"no_grad", "enable_grad", "set_grad_enabled", "inference_mode"}
+)
+
+
+def sets_grad_mode(item: cst.BaseExpression, diff: Differentiator) -> bool:
+    """Whether a `with` item sets grad mode: `torch.no_grad()`, `torch.enable_grad()`,
+    `torch.set_grad_enabled(flag)`, `torch.inference_mode()`."""
+    if not isinstance(item, cst.Call) or not dotted(item.func):
+        return False
+    name = diff.qualified_names.get(item.func) or code(item.func)
+    return name.startswith("torch.") and name.rpartition(".")[2] in _GRAD_MODE_SETTERS
+
+
 def viewing_names(diff: Differentiator) -> frozenset[str]:
     """The names some binding in forward may make a view of a tensor, or an existing
     object (`may_be_view`): where such a name is an output, the Function hands the

@@ -376,12 +376,14 @@ def _requires_grad(tensor: Tensor) -> bool:
     return tensor.requires_grad or (_differentiating.get() and _differentiable(tensor))
 
 
-def _no_tangents() -> Any:
-    """Stop forward-mode tangents where a grad-off block of backward's code stops
-    gradients (`with torch.no_grad(), _no_tangents():`): reverse mode reads what the
-    block computes as a constant, and forward mode through backward (`jacfwd` over
-    `jacrev`) must too, where `torch.no_grad()` alone stops no tangent."""
-    return forward_ad._set_fwd_grad_enabled(False)
+def _tangents_follow_grad() -> Any:
+    """Forward-mode tangents on or off as grad mode is, entered right after a `with`
+    item of backward's code that sets grad mode (`with torch.no_grad(),
+    _tangents_follow_grad():`): reverse mode reads what a grad-off block computes as
+    a constant, and forward mode through backward (`jacfwd` over `jacrev`) must too,
+    where `torch.no_grad()` alone stops no tangent. `enable_grad()` inside turns
+    them back on, and `set_grad_enabled(flag)` follows its flag at run time."""
+    return forward_ad._set_fwd_grad_enabled(torch.is_grad_enabled())
 
 
 def _number_for_tensor(function: Any, args: tuple[Any, ...], error: Exception) -> None:

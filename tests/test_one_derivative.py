@@ -401,17 +401,41 @@ def frozen_slope(x: torch.Tensor, w: torch.Tensor):
             slope = torch.cos(x * w)
         return g * slope * w, (g * slope * x).sum(0)
     return torch.sin(x * w), backward
+
+
+def flagged_mean(x: torch.Tensor, w: torch.Tensor, flag: bool = False):
+    \"\"\"Grad mode by a flag only the call knows.\"\"\"
+    with torch.set_grad_enabled(flag):
+        mu = x.mean(0)
+    y = torch.sin(x - mu) * w
+    def backward(g):
+        return g * torch.cos(x - mu) * w, (g * torch.sin(x - mu)).sum(0), None
+    return y, backward
+
+
+def live_slope(x: torch.Tensor, w: torch.Tensor):
+    \"\"\"enable_grad() inside no_grad(): the slope is differentiated again.\"\"\"
+    def backward(g):
+        with torch.no_grad():
+            with torch.enable_grad():
+                slope = torch.cos(x * w)
+        return g * slope * w, (g * slope * x).sum(0)
+    return torch.sin(x * w), backward
 """
 
 
-@pytest.mark.parametrize("name", ["centered", "scaled", "frozen_slope"])
+@pytest.mark.parametrize(
+    "name", ["centered", "scaled", "frozen_slope", "flagged_mean", "live_slope"]
+)
 def test_a_grad_off_block_is_a_constant_to_forward_mode_through_backward(name):
     """An outside probe: a temporary computed under `torch.no_grad()` and recomputed
     in backward is a constant to a double backward, but `torch.no_grad()` stops no
     forward-mode tangent: `hessian` (jacfwd over jacrev) and the `jvp` of a gradient
     answered another second derivative than `jacrev(jacrev(...))` (off by 0.35).
-    The generated block stops tangents too (`_no_tangents()`). The (4,) weight is
-    broadcast against the rows of x."""
+    The generated block sets tangents as grad mode is (`_tangents_follow_grad()`):
+    a second probe found a run-time `set_grad_enabled(flag)` and `enable_grad()`
+    inside `no_grad()` off by 0.89 and 3.4 where tangents were only stopped. The
+    (4,) weight is broadcast against the rows of x."""
     namespace: dict[str, Any] = {"__name__": "grad_off_grad"}
     exec(compile(transform(GRAD_OFF, "grad_off.py"), "grad_off_grad.py", "exec"), namespace)
     op = namespace[name]

@@ -427,7 +427,7 @@ _SHADOWED = frozenset(
         "_reduce",
         "_apply",
         "_requires_grad",
-        "_no_tangents",
+        "_tangents_follow_grad",
         "_save",
         "_saved",
         SETITEM_NAME,

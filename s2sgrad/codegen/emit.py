@@ -20,15 +20,15 @@ from s2sgrad.codegen.function import function_class, op_def
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
 from s2sgrad.cst import DepthTransformer, as_statement, bound, bound_target, nodes
 from s2sgrad.frontend.model import Differentiator
-from s2sgrad.lift import grad_off
+from s2sgrad.lift import sets_grad_mode
 from s2sgrad.names import NameAllocator, Names
 from s2sgrad.options import Compile
 from s2sgrad.values import writes
 
 #: The runtime's reading of a parameter's `.requires_grad` in forward.
 REQUIRES_GRAD = "_requires_grad"
-#: The runtime's context manager that stops forward-mode tangents.
-NO_TANGENTS = "_no_tangents"
+#: The runtime's context manager that sets forward-mode tangents as grad mode is.
+TANGENTS = "_tangents_follow_grad"
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -198,20 +198,23 @@ class _KeptAlive(cst.CSTTransformer):
 
 
 class _TangentsStopped(cst.CSTTransformer):
-    """A grad-off block (`with torch.no_grad():`) of code backward runs, with the
-    runtime's `_no_tangents()` beside it. Reverse mode reads what the block computes
-    as a constant; forward mode through backward (a Hessian by `jacfwd(jacrev(f))`,
-    the `jvp` of a gradient) would give it a tangent, which `torch.no_grad()` does not
-    stop, and answer another second derivative."""
+    """A block of code backward runs that sets grad mode (`with torch.no_grad():`,
+    `set_grad_enabled(flag)`, `enable_grad()`), with the runtime's
+    `_tangents_follow_grad()` beside it. Reverse mode reads what a grad-off block
+    computes as a constant; forward mode through backward (a Hessian by
+    `jacfwd(jacrev(f))`, the `jvp` of a gradient) would give it a tangent, which
+    `torch.no_grad()` does not stop, and answer another second derivative."""
 
     def __init__(self, diff: Differentiator) -> None:
         self.diff = diff
 
     def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
-        if not any(grad_off(item.item, self.diff) for item in original_node.items):
+        if not any(
+            sets_grad_mode(item.item, self.diff) for item in original_node.items
+        ):
             return updated_node
         *items, last = updated_node.items
-        stop = cst.WithItem(cst.Call(cst.Name(NO_TANGENTS)))
+        stop = cst.WithItem(cst.Call(cst.Name(TANGENTS)))
         return updated_node.with_changes(
             items=[*items, last.with_changes(comma=cst.Comma(_SPACE)), stop]
         )
