@@ -175,16 +175,19 @@ def vanished(args: argparse.Namespace, config: Config) -> list[Orphaned]:
                 continue
             text = _read_text(output)
             named = None if text is None else generated_from(text)
-            if named is not None and not _named_source(output, named).exists():
+            if named is not None and not _named_source(argument, named).exists():
                 found.append(Orphaned(source, output))
     return found
 
 
-def _named_source(output: Path, named: str) -> Path:
-    """The source a generated module's header names: relative to the root of the
-    output's project, as `source_label` writes it, or to the working directory
-    (outside a project, and in headers written before format 43)."""
-    root = project_root([output])
+def _named_source(argument: Path, named: str) -> Path:
+    """The source a generated module's header names, for the directory `argument`
+    being converted: relative to the root of that directory's project, as
+    `source_label` writes it, or to the working directory (outside a project, and in
+    headers written before format 43). Not the output's project: an `-o` folder may
+    lie outside any project (an outside probe found live outputs of another tree
+    called gone there)."""
+    root = project_root([argument])
     found = root / named
     return found if marks_a_project(root) and found.exists() else Path(named)
 

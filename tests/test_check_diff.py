@@ -342,3 +342,19 @@ def test_outputs_are_the_same_from_any_working_directory(project, tmp_path_facto
     (project / "pkg" / "square_grad.py").unlink()
     assert s2sgrad("convert", path, cwd=cwd).returncode == 0
     assert snapshot(project) == before
+
+
+def test_two_trees_into_one_output_folder_outside_the_project(project, tmp_path_factory):
+    """An outside probe, after the header's path became the project root's: two
+    folders converted from a subfolder into one `-o` folder outside the project each
+    called the other's output gone ("delete it"), and `--check` failed. The header
+    is read against the converted directory's project, not the output's."""
+    (project / "pkg2").mkdir()
+    (project / "pkg2" / "cube.py").write_text(CUBE)
+    out = str(tmp_path_factory.mktemp("shared_out"))
+    cwd = project / "pkg"
+    for tree in (".", "../pkg2"):
+        run = s2sgrad("convert", tree, "-o", out, cwd=cwd)
+        assert run.returncode == 0 and "gone" not in run.stderr, run.stderr
+    run = s2sgrad("convert", "--check", ".", "-o", out, cwd=cwd)
+    assert run.returncode == 0 and "gone" not in run.stderr, run.stderr
