@@ -280,3 +280,16 @@ def relu_squared_root(x: torch.Tensor):
         return 2 * g * y.sqrt()
 
     return y, backward
+
+
+def safe_sqrt(x: torch.Tensor):
+    """sqrt where x > 0, else 0: autograd through the `where` gives NaN for x <= 0
+    (0 * inf through the branch not taken); this backward gives the true 0."""
+    pos = x > 0
+    y = torch.where(pos, torch.sqrt(x), torch.zeros_like(x))
+
+    def backward(g):
+        root = torch.sqrt(torch.where(pos, x, torch.ones_like(x)))
+        return torch.where(pos, g * 0.5 / root, torch.zeros_like(g))
+
+    return y, backward

@@ -509,3 +509,13 @@ def test_a_nan_where_a_number_is_expected_is_wrong():
     report = report_of(rules.relu_squared_root, x, order=2)
     assert "gradient of `x`, order 2, the generated op: max abs error nan" in report
     assert "reverse mode is right" not in report
+
+
+def test_where_the_reference_is_nan_a_number_is_not_judged():
+    """A second outside probe: the NaN test above also called the classic safe sqrt
+    wrong, where autograd through its forward gives NaN (0 * inf through the branch
+    of the `where` not taken) and the rule gives the true 0. The reference says
+    nothing there."""
+    x = torch.tensor([-1.0, 0.25, 4.0], dtype=torch.float64)
+    check_gradients(rules.safe_sqrt, x, order=2)
+
