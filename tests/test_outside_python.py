@@ -1261,3 +1261,25 @@ def f(x: Tensor, w: Tensor):
 """
     first = _refused(source)
     assert (first.code, first.hint) == (code, hint)
+
+
+def test_a_version_guard_with_a_differentiator_in_each_branch():
+    """S2S133 at each definition (both were reported at the first one's line), and
+    a main guard spelled the other way round (`"__main__" == __name__`) is left
+    alone, as `__name__ == "__main__"` is."""
+    from s2sgrad import transform
+    from s2sgrad.diagnostics import TransformError
+
+    rule = (
+        "    def f(x: torch.Tensor):\n        t = torch.exp(x)\n"
+        "        def backward(grad):\n            return grad * t\n"
+        "        return t, backward\n"
+    )
+    source = HEAD + 'if torch.__version__ >= "2":\n' + rule + "else:\n" + rule
+    with pytest.raises(TransformError) as caught:
+        transform(source, "m.py", "m")
+    found = [(d.code, d.line, d.column) for d in caught.value.diagnostics]
+    assert found == [("S2S133", 5, 9), ("S2S133", 11, 9)]
+    main = HEAD + rule.replace("    def f", "def g").replace("\n    ", "\n")
+    main += '\n\nif "__main__" == __name__:\n' + rule
+    transform(main, "m.py", "m")

@@ -242,10 +242,13 @@ def _inside_blocks(
             for d in nodes(stmt)
             if isinstance(d, cst.FunctionDef) and checks.backward_name(d)
         ]
+        # The same name may be defined in each branch: pair them in order.
         where = [d for d in ast.walk(node) if isinstance(d, ast.FunctionDef)]
+        where.sort(key=lambda d: (d.lineno, d.col_offset))
         for function in defs:
-            at = next(d for d in where if d.name == function.name.value)
             name = function.name.value
+            at = next(d for d in where if d.name == name)
+            where.remove(at)
             found.append(
                 loc.at(
                     "S2S133",
@@ -266,12 +269,14 @@ def _main_guard(stmt: cst.BaseStatement) -> bool:
     if not isinstance(stmt, cst.If) or not isinstance(stmt.test, cst.Comparison):
         return False
     test = stmt.test
-    return (
-        is_name(test.left, "__name__")
-        and len(test.comparisons) == 1
-        and isinstance(test.comparisons[0].operator, cst.Equal)
-        and isinstance(test.comparisons[0].comparator, cst.SimpleString)
-        and test.comparisons[0].comparator.evaluated_value == "__main__"
+    if len(test.comparisons) != 1 or not isinstance(
+        test.comparisons[0].operator, cst.Equal
+    ):
+        return False
+    sides = (test.left, test.comparisons[0].comparator)
+    return any(is_name(a, "__name__") for a in sides) and any(
+        isinstance(b, cst.SimpleString) and b.evaluated_value == "__main__"
+        for b in sides
     )
 
 
