@@ -1185,7 +1185,9 @@ def fused_scaled_exponential_with_learned_weight_and_residual_connection_op(
 def test_annotated_gradients_in_backward_pass_mypy_strict(tmp_path):
     """An outside probe: `gx: Tensor = g * w * t` in backward (or `gx = ...  # type:
     Tensor`) came after the generated `gx = grad_w = None`, and mypy --strict
-    refused the module (no-redef). Such a binding is written plainly there."""
+    refused the module (no-redef). Such a binding is written plainly there; a second
+    probe found it still refused in a backward with a branch, and for a bare
+    declaration (`gx: Tensor`), which is left out."""
     source = """import torch
 from torch import Tensor
 
@@ -1197,12 +1199,34 @@ def f(x: Tensor, w: Tensor):
         gw = g * t  # type: Tensor
         return gx, gw
     return t * w, backward
+
+
+def branched(x: Tensor, w: Tensor):
+    t = torch.exp(x)
+    def backward(g: Tensor):
+        if x.dim() == 2:
+            gx = g * w * t
+        else:
+            gx = g * 0
+        gw: Tensor = g * t
+        return gx, gw
+    return t * w, backward
+
+
+def declared(x: Tensor, w: Tensor):
+    t = torch.exp(x)
+    def backward(g: Tensor):
+        gx: Tensor
+        gx = g * w * t
+        return gx, g * t
+    return t * w, backward
 """
     closures, generated = import_pair(tmp_path, source, "annotated_backward")
     text = (tmp_path / "annotated_backward_grad.py").read_text()
     assert mypy_strict(tmp_path, "annotated_backward_grad.py", text) == ""
-    for needs in ([True, True], [True, False], [False, True]):
-        _check(closures, generated, "f", [_r(3, 4), _r(4, seed=1)], needs)
+    for fn in ("f", "branched", "declared"):
+        for needs in ([True, True], [True, False], [False, True]):
+            _check(closures, generated, fn, [_r(3, 4), _r(4, seed=1)], needs)
 
 
 def test_a_parameter_named_like_an_import_of_the_generated_module(tmp_path):

@@ -88,8 +88,7 @@ def backward_body(
         [cst.parse_statement(f"{' = '.join(variables)} = None\n")] if variables else []
     )
     if variables and sliced is not None and _annotates(sliced):
-        plain = _Unannotated(set(variables))
-        sliced = [as_statement(s.visit(plain)) for s in sliced]
+        sliced = _Unannotated.apply(sliced, set(variables))
     built = types.GRADS if len(results) > 1 else types.GRAD
     if called or any(param_value(p).tensor_list for p in record.source.params):
         built = "tuple[Any, ...]" if len(results) > 1 else "Any"  # a list of them
@@ -115,6 +114,8 @@ def backward_body(
     diff = record.source
     body = [*prologue, *prefix, *init]
     closure, bare = (sliced, False) if sliced else _closure_part(record, results, user)
+    if variables and not sliced and _annotates(closure):
+        closure = _Unannotated.apply(closure, set(variables))
     # The Function materializes the missing ones when any gradient arrives: the
     # closure runs with all of them, or with none.
     test = " and ".join(f"{g} is not None" for g in diff.grad_params)
@@ -164,13 +165,37 @@ class _Unannotated(cst.CSTTransformer):
 
     def __init__(self, names: set[str]) -> None:
         self.names = names
+        #: Lines that held only a declaration (`gx: Tensor`), left as `pass`.
+        self.emptied: set[int] = set()
+
+    @classmethod
+    def apply(
+        cls, block: Sequence[cst.BaseStatement], names: set[str]
+    ) -> list[cst.BaseStatement]:
+        """`block` with those bindings plain; a line left empty goes (a block left
+        empty says `pass`)."""
+        plain = cls(names)
+        found = [as_statement(s.visit(plain)) for s in block]
+        return [s for s in found if id(s) not in plain.emptied] or found[:1]
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        body = [s for s in updated_node.body if id(s) not in self.emptied]
+        return updated_node.with_changes(body=body or updated_node.body[:1])
 
     def leave_SimpleStatementLine(
         self,
         original_node: cst.SimpleStatementLine,
         updated_node: cst.SimpleStatementLine,
     ) -> cst.SimpleStatementLine:
-        body = [self._plain(s) for s in updated_node.body]
+        body = [self._plain(s) for s in updated_node.body if not self._declares(s)]
+        if not body:
+            emptied = updated_node.with_changes(
+                body=[cst.Pass()], trailing_whitespace=cst.TrailingWhitespace()
+            )
+            self.emptied.add(id(emptied))
+            return emptied
         comment = updated_node.trailing_whitespace.comment
         if comment is not None and comment.value.startswith("# type:"):
             if any(
@@ -184,6 +209,15 @@ class _Unannotated(cst.CSTTransformer):
                     body=body, trailing_whitespace=trailing
                 )
         return updated_node.with_changes(body=body)
+
+    def _declares(self, statement: cst.BaseSmallStatement) -> bool:
+        """`gx: Tensor` alone, which binds nothing."""
+        return (
+            isinstance(statement, cst.AnnAssign)
+            and statement.value is None
+            and isinstance(statement.target, cst.Name)
+            and statement.target.value in self.names
+        )
 
     def _plain(self, statement: cst.BaseSmallStatement) -> cst.BaseSmallStatement:
         if (
