@@ -151,7 +151,9 @@ def backward_body(
 def _annotates(block: Sequence[cst.BaseStatement]) -> bool:
     """Whether `block` holds an annotated binding, or a comment (`# type: T`)."""
     return any(
-        type(n) is cst.AnnAssign or type(n) is cst.Comment
+        type(n) is cst.AnnAssign
+        or type(n) is cst.Comment
+        and n.value.startswith("# type:")
         for s in block
         for n in nodes(s)
     )

@@ -595,7 +595,8 @@ class ScopeAnalysis:
         }
         # `out = [g, g]; out[0][:] = 0` changes `g` through the list: a store
         # below an item (inplace.py judges the writes to names and their items).
-        views = _input_views(backward, incoming, self._qualified)
+        nested = any(h.in_backward and h.kind == "store" and h.depth >= 2 for h in hits)
+        views = _input_views(backward, incoming, self._qualified) if nested else {}
         found = []
         for hit in hits:
             if not hit.in_backward or hit.kind == "container":
