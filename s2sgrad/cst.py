@@ -41,6 +41,33 @@ def as_statement(node: object) -> cst.BaseStatement:
     return node
 
 
+class LineDropper(cst.CSTTransformer):
+    """A transformer that may leave a line with nothing to do (`emptied_line`): the
+    line goes from its block, or says `pass` where the block would be empty, and
+    goes from the statements `run` rewrites."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emptied: set[int] = set()
+
+    def run(self, block: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        found = [as_statement(s.visit(self)) for s in block]
+        return [s for s in found if id(s) not in self.emptied] or found[:1]
+
+    def emptied_line(self, line: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+        emptied = line.with_changes(
+            body=[cst.Pass()], trailing_whitespace=cst.TrailingWhitespace()
+        )
+        self.emptied.add(id(emptied))
+        return emptied
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        body = [s for s in updated_node.body if id(s) not in self.emptied]
+        return updated_node.with_changes(body=body or updated_node.body[:1])
+
+
 def as_expression(node: object) -> cst.BaseExpression:
     assert isinstance(node, cst.BaseExpression), node
     return node

@@ -18,7 +18,14 @@ from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import docs, types
 from s2sgrad.codegen.function import function_class, op_def
 from s2sgrad.codegen.gradients import BackwardBody, backward_body
-from s2sgrad.cst import DepthTransformer, as_statement, bound, bound_target, nodes
+from s2sgrad.cst import (
+    DepthTransformer,
+    LineDropper,
+    as_statement,
+    bound,
+    bound_target,
+    nodes,
+)
 from s2sgrad.frontend.model import Differentiator
 from s2sgrad.lift import sets_grad_mode
 from s2sgrad.names import NameAllocator, Names
@@ -151,7 +158,7 @@ def emit(
     ]
 
 
-class _KeptAlive(cst.CSTTransformer):
+class _KeptAlive(LineDropper):
     """Forward's statements without `del name` of a name the function returns: the
     closure dropped a temporary it no longer needed (`t = tmp * 1.0; del tmp`),
     but the generated function hands it to backward, which reads it (an outside
@@ -160,21 +167,17 @@ class _KeptAlive(cst.CSTTransformer):
     closure's own saved graph."""
 
     def __init__(self, returned: set[str]) -> None:
+        super().__init__()
         self.returned = returned
-        #: Lines left with nothing but the `pass` a block needs.
-        self.emptied: set[int] = set()
 
     @classmethod
     def apply(
         cls, statements: Sequence[cst.BaseStatement], returned: set[str]
     ) -> list[cst.BaseStatement]:
-        """`statements` without those `del`s; a line left empty goes, or, in a
-        block that needs a statement, says `pass`."""
+        """`statements` without those `del`s."""
         if not any(isinstance(n, cst.Del) for s in statements for n in nodes(s)):
             return list(statements)
-        kept = cls(returned)
-        found = [as_statement(s.visit(kept)) for s in statements]
-        return [s for s in found if id(s) not in kept.emptied]
+        return cls(returned).run(statements)
 
     def leave_SimpleStatementLine(
         self,
@@ -185,9 +188,7 @@ class _KeptAlive(cst.CSTTransformer):
         if len(body) == len(updated_node.body):
             return updated_node
         if not body:
-            emptied = updated_node.with_changes(body=[cst.Pass()])
-            self.emptied.add(id(emptied))
-            return emptied
+            return self.emptied_line(updated_node)
         last = body[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
         return updated_node.with_changes(body=[*body[:-1], last])
 

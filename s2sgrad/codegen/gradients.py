@@ -19,7 +19,7 @@ from s2sgrad.autodiff.record import Differentiated, Recompute
 from s2sgrad.codegen import types
 from s2sgrad.codegen.slicing import slice_closure
 from s2sgrad.cst import (
-    as_statement,
+    LineDropper,
     bound_target,
     findall,
     is_name,
@@ -159,32 +159,22 @@ def _annotates(block: Sequence[cst.BaseStatement]) -> bool:
     )
 
 
-class _Unannotated(cst.CSTTransformer):
+class _Unannotated(LineDropper):
     """Backward's annotated bindings of the gradient variables the generated code
     starts at None (`gx: Tensor = g * w`, or `gx = g * w  # type: Tensor`) as plain
     ones: mypy --strict reads a second declaration of `gx` as a redefinition (an
-    outside probe). The value is the same; `Grad` already types the variable."""
+    outside probe). The value is the same; `Grad` already types the variable. A
+    declaration alone (`gx: Tensor`) binds nothing and goes."""
 
     def __init__(self, names: set[str]) -> None:
+        super().__init__()
         self.names = names
-        #: Lines that held only a declaration (`gx: Tensor`), left as `pass`.
-        self.emptied: set[int] = set()
 
     @classmethod
     def apply(
         cls, block: Sequence[cst.BaseStatement], names: set[str]
     ) -> list[cst.BaseStatement]:
-        """`block` with those bindings plain; a line left empty goes (a block left
-        empty says `pass`)."""
-        plain = cls(names)
-        found = [as_statement(s.visit(plain)) for s in block]
-        return [s for s in found if id(s) not in plain.emptied] or found[:1]
-
-    def leave_IndentedBlock(
-        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
-    ) -> cst.IndentedBlock:
-        body = [s for s in updated_node.body if id(s) not in self.emptied]
-        return updated_node.with_changes(body=body or updated_node.body[:1])
+        return cls(names).run(block)
 
     def leave_SimpleStatementLine(
         self,
@@ -193,11 +183,7 @@ class _Unannotated(cst.CSTTransformer):
     ) -> cst.SimpleStatementLine:
         body = [self._plain(s) for s in updated_node.body if not self._declares(s)]
         if not body:
-            emptied = updated_node.with_changes(
-                body=[cst.Pass()], trailing_whitespace=cst.TrailingWhitespace()
-            )
-            self.emptied.add(id(emptied))
-            return emptied
+            return self.emptied_line(updated_node)
         comment = updated_node.trailing_whitespace.comment
         if comment is not None and comment.value.startswith("# type:"):
             if any(
