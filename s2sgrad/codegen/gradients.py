@@ -88,7 +88,7 @@ def backward_body(
         [cst.parse_statement(f"{' = '.join(variables)} = None\n")] if variables else []
     )
     if variables and sliced is not None and _annotates(sliced):
-        sliced = _Unannotated.apply(sliced, set(variables))
+        sliced = _Unannotated(set(variables)).run(sliced)
     built = types.GRADS if len(results) > 1 else types.GRAD
     if called or any(param_value(p).tensor_list for p in record.source.params):
         built = "tuple[Any, ...]" if len(results) > 1 else "Any"  # a list of them
@@ -115,7 +115,7 @@ def backward_body(
     body = [*prologue, *prefix, *init]
     closure, bare = (sliced, False) if sliced else _closure_part(record, results, user)
     if variables and not sliced and _annotates(closure):
-        closure = _Unannotated.apply(closure, set(variables))
+        closure = _Unannotated(set(variables)).run(closure)
     # The Function materializes the missing ones when any gradient arrives: the
     # closure runs with all of them, or with none.
     test = " and ".join(f"{g} is not None" for g in diff.grad_params)
@@ -169,12 +169,6 @@ class _Unannotated(LineDropper):
     def __init__(self, names: set[str]) -> None:
         super().__init__()
         self.names = names
-
-    @classmethod
-    def apply(
-        cls, block: Sequence[cst.BaseStatement], names: set[str]
-    ) -> list[cst.BaseStatement]:
-        return cls(names).run(block)
 
     def leave_SimpleStatementLine(
         self,
